@@ -1,0 +1,216 @@
+"""The audit: every number the project shows must come from a receipt, and say which.
+
+Findings, each with a kind:
+- `bad-receipt`      a receipt does not load (schema, field, type, summary or hash defect)
+- `stale-report`     results/RESULTS.md differs from what the receipts regenerate
+- `stale-figure`     a figure's data differs from a fresh build, or its PNG/PDF is missing
+- `orphan-figure`    a figure file that no receipt produces any more
+- `bad-marker`       a receipt marker whose receipt or field does not exist, or has no number before it
+- `mismatch`         a number in the docs that differs from its receipt at the precision it is written with
+- `unbacked`         a measured-looking number (tok/s, ms, GB/s, %, GiB ...) with no receipt marker
+
+A marker follows the number it backs, on the same line:
+    113.8 tok/s <!-- receipt: decode/NVIDIA-H200/20261129T...-x.json#summary.tok_s.median -->
+The path is relative to results/; `latest:SUITE/HARDWARE_ID/NAME` picks the newest receipt of that name.
+`*100` after the field scales it (a fraction shown as a percentage). A number quoted from someone else's
+work is marked `<!-- cited: where it comes from -->` instead.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+from harness import figures, report
+from harness.receipt import ReceiptError, load_receipt, receipt_paths, resolve_field
+
+MARKER = re.compile(r"<!--\s*(receipt|cited):\s*(.*?)\s*-->")
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?")
+MEASURED = re.compile(
+    r"(?<![\w.])(\d[\d,]*(?:\.\d+)?)\s*(tok/s|tokens/s|ms\b|µs|us\b|GB/s|GiB/s|TB/s|GiB\b|GB\b|MiB\b|MB\b|%|×|x faster)"
+)
+CODE_SPAN = re.compile(r"`[^`]*`")
+DOC_GLOBS = ("README.md", "docs/*.md")
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    where: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.where}: {self.message}"
+
+
+def run_audit(root: Path) -> list[Finding]:
+    results_dir = root / "results"
+    findings = _check_receipts(results_dir)
+    if findings:
+        # Regeneration needs every receipt readable; the receipt findings say what to fix first.
+        return findings
+    findings += _check_report(results_dir)
+    findings += _check_figures(results_dir, root / "docs" / "figures")
+    for pattern in DOC_GLOBS:
+        for doc in sorted(root.glob(pattern)):
+            findings += check_document(doc, results_dir, doc.relative_to(root).as_posix())
+    return findings
+
+
+def _check_receipts(results_dir: Path) -> list[Finding]:
+    findings = []
+    for path in receipt_paths(results_dir):
+        try:
+            load_receipt(path)
+        except ReceiptError as exc:
+            findings.append(Finding("bad-receipt", path.relative_to(results_dir).as_posix(), str(exc)))
+    return findings
+
+
+def _check_report(results_dir: Path) -> list[Finding]:
+    page = results_dir / "RESULTS.md"
+    expected = report.render(results_dir)
+    if not page.exists():
+        return [Finding("stale-report", "results/RESULTS.md", "missing: run `kimi-harness report`")]
+    if page.read_text() != expected:
+        return [
+            Finding(
+                "stale-report", "results/RESULTS.md", "differs from the receipts: run `kimi-harness report`"
+            )
+        ]
+    return []
+
+
+def _check_figures(results_dir: Path, figures_dir: Path) -> list[Finding]:
+    findings = []
+    expected = figures.build_all(results_dir)
+    for name, data in expected.items():
+        where = f"docs/figures/{name}"
+        sidecar = figures_dir / f"{name}.json"
+        if not sidecar.exists() or sidecar.read_text() != figures.data_json(data):
+            findings.append(
+                Finding("stale-figure", where, "data differs from the receipts: run `nox -s figures`")
+            )
+        for ext in ("png", "pdf"):
+            if not (figures_dir / f"{name}.{ext}").exists():
+                findings.append(Finding("stale-figure", f"{where}.{ext}", "missing: run `nox -s figures`"))
+    if figures_dir.exists():
+        for path in sorted(figures_dir.iterdir()):
+            if path.suffix in (".png", ".pdf", ".json") and path.stem not in expected:
+                findings.append(
+                    Finding("orphan-figure", f"docs/figures/{path.name}", "no receipt produces it")
+                )
+    return findings
+
+
+def check_document(doc: Path, results_dir: Path, where: str) -> list[Finding]:
+    findings = []
+    for lineno, line in _prose_lines(doc.read_text().splitlines(keepends=True)):
+        findings += _check_line(line, results_dir, f"{where}:{lineno}")
+    return findings
+
+
+def _prose_lines(lines: list[str]):
+    """(line number, line) for lines outside fenced code blocks, which show commands, not claims."""
+    in_fence = False
+    for lineno, line in enumerate(lines, 1):
+        if line.lstrip().startswith("```"):
+            in_fence = not in_fence
+        elif not in_fence:
+            yield lineno, line
+
+
+def _check_line(line: str, results_dir: Path, where: str) -> list[Finding]:
+    findings = []
+    start = 0
+    line = CODE_SPAN.sub("", line)  # code spans show commands and marker syntax, never claims
+    for match in MARKER.finditer(line):
+        segment = line[start : match.start()]
+        start = match.end()
+        if match.group(1) == "cited":
+            continue
+        numbers = NUMBER.findall(segment)
+        if not numbers:
+            findings.append(Finding("bad-marker", where, "a receipt marker with no number before it"))
+            continue
+        findings += _check_number(numbers[-1], match.group(2), results_dir, where)
+        # Other measured-looking numbers in the same segment are not covered by this marker.
+        for unbacked in MEASURED.finditer(segment[: segment.rfind(numbers[-1])]):
+            findings.append(_unbacked(unbacked, where))
+    findings += [_unbacked(m, where) for m in MEASURED.finditer(line[start:])]
+    return findings
+
+
+def _unbacked(match: re.Match, where: str) -> Finding:
+    return Finding("unbacked", where, f"'{match.group(0)}' looks measured but names no receipt")
+
+
+def _check_number(shown: str, spec: str, results_dir: Path, where: str) -> list[Finding]:
+    try:
+        value = marker_value(spec, results_dir)
+    except (ReceiptError, KeyError, ValueError, FileNotFoundError) as exc:
+        return [Finding("bad-marker", where, f"'{spec}': {exc}")]
+    text = shown.replace(",", "").lstrip("+")
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    # The doc may round the receipt's value to the precision it shows, and no further.
+    if abs(Decimal(text) - Decimal(repr(value))) > Decimal(5) * Decimal(10) ** (-decimals - 1):
+        return [Finding("mismatch", where, f"shows {shown} but the receipt says {value} ({spec})")]
+    return []
+
+
+def marker_value(spec: str, results_dir: Path) -> float:
+    """Resolve `PATH#FIELD[*SCALE]` or `latest:SUITE/HW/NAME#FIELD[*SCALE]` to a number."""
+    target, _, field = spec.partition("#")
+    if not field:
+        raise ValueError("expected PATH#FIELD")
+    field, _, scale = field.partition("*")
+    path = _resolve_target(target.strip(), results_dir)
+    value = resolve_field(load_receipt(path), field.strip())
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ValueError(f"field '{field}' is not a number")
+    return value * float(scale) if scale else value
+
+
+def _resolve_target(target: str, results_dir: Path) -> Path:
+    if not target.startswith("latest:"):
+        path = results_dir / target
+        if not path.exists():
+            raise FileNotFoundError(f"no receipt {target}")
+        return path
+    suite, hardware_id, name = target[len("latest:") :].split("/", 2)
+    frame = report.load_frame(results_dir)
+    rows = frame[(frame.suite == suite) & (frame.hardware_id == hardware_id) & (frame.name == name)]
+    if rows.empty:
+        raise FileNotFoundError(f"no receipt named '{name}' for {suite} on {hardware_id}")
+    return results_dir / report.newest(rows).iloc[0]["path"]
+
+
+def sync_document(doc: Path, results_dir: Path) -> int:
+    """Rewrite each receipt-marked number in place with its receipt's value (same precision); returns changes."""
+    changed = 0
+    lines = doc.read_text().splitlines(keepends=True)
+    for lineno, line in _prose_lines(lines):
+        out, start = [], 0
+        spans = [m.span() for m in CODE_SPAN.finditer(line)]
+        for match in MARKER.finditer(line):
+            if match.group(1) != "receipt" or any(a <= match.start() < b for a, b in spans):
+                continue
+            segment = line[start : match.start()]
+            numbers = list(NUMBER.finditer(segment))
+            if numbers:
+                num = numbers[-1]
+                shown = num.group(0)
+                decimals = len(shown.split(".")[1]) if "." in shown else 0
+                fresh = f"{marker_value(match.group(2), results_dir):,.{decimals}f}"
+                if "," not in shown:
+                    fresh = fresh.replace(",", "")
+                changed += fresh != shown
+                segment = segment[: num.start()] + fresh + segment[num.end() :]
+            out.append(segment + match.group(0))
+            start = match.end()
+        out.append(line[start:])
+        lines[lineno - 1] = "".join(out)
+    doc.write_text("".join(lines))
+    return changed

@@ -1,0 +1,119 @@
+"""`kimi-harness`: receipts, RESULTS.md, figures, the audit and regression comparison."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from harness.hardware import REPO_ROOT, describe
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Evidence tools: every number the project shows comes from a receipt these commands check."""
+
+
+@main.command("describe")
+def describe_cmd() -> None:
+    """Print this machine's hardware descriptor (what every receipt records) as JSON."""
+    click.echo(json.dumps(describe(), indent=2))
+
+
+@main.command()
+@click.option("--results", type=click.Path(path_type=Path), default=REPO_ROOT / "results", show_default=True)
+def report(results: Path) -> None:
+    """Regenerate results/RESULTS.md from the receipts."""
+    from harness.report import write_report
+
+    click.echo(f"wrote {write_report(results)}")
+
+
+@main.command()
+@click.option("--results", type=click.Path(path_type=Path), default=REPO_ROOT / "results", show_default=True)
+@click.option(
+    "--out", type=click.Path(path_type=Path), default=REPO_ROOT / "docs" / "figures", show_default=True
+)
+def figures(results: Path, out: Path) -> None:
+    """Regenerate every figure (PNG + PDF + JSON data) from the receipts."""
+    from harness.figures import write_all
+
+    for path in write_all(results, out):
+        click.echo(f"wrote {path}")
+
+
+@main.command()
+@click.option(
+    "--root", type=click.Path(path_type=Path, file_okay=False), default=REPO_ROOT, show_default=True
+)
+def audit(root: Path) -> None:
+    """Check receipts, RESULTS.md, figures and every measured number in README.md and docs/*.md.
+
+    Exits 1 with one line per finding; see harness/audit.py for the finding kinds and the marker syntax.
+    """
+    from harness.audit import run_audit
+
+    findings = run_audit(root)
+    for finding in findings:
+        click.echo(str(finding))
+    if findings:
+        click.echo(f"audit: {len(findings)} finding(s)", err=True)
+        sys.exit(1)
+    click.echo("audit: clean")
+
+
+@main.command("sync-docs")
+@click.argument("docs", nargs=-1, type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--results", type=click.Path(path_type=Path), default=REPO_ROOT / "results", show_default=True)
+def sync_docs(docs: tuple[Path, ...], results: Path) -> None:
+    """Rewrite every receipt-marked number in DOCS (default README.md, docs/*.md) from its receipt."""
+    from harness.audit import sync_document
+
+    targets = docs or (REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md")))
+    for doc in targets:
+        if doc.exists():
+            click.echo(f"{doc}: {sync_document(doc, results)} number(s) updated")
+
+
+@main.command()
+@click.argument("base", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.argument("new", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option(
+    "--metric", required=True, help="Dotted field, e.g. summary.overhead_ms.median or derived.ratio."
+)
+@click.option(
+    "--max-regression", "max_regression", type=float, required=True, help="Allowed regression in percent."
+)
+@click.option("--higher-is-better/--lower-is-better", default=False, show_default=True)
+def compare(base: Path, new: Path, metric: str, max_regression: float, higher_is_better: bool) -> None:
+    """Compare one metric of two receipts; exit 1 when NEW regresses on BASE by more than the allowance."""
+    from harness.receipt import load_receipt, resolve_field
+
+    try:
+        old_value = float(resolve_field(load_receipt(base), metric))
+        new_value = float(resolve_field(load_receipt(new), metric))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if old_value == 0:
+        raise click.ClickException(f"{metric} is 0 in {base}: no ratio can be formed")
+    ratio = new_value / old_value
+    regression = (1 - ratio if higher_is_better else ratio - 1) * 100
+    click.echo(
+        f"{metric}: base {old_value:.6g}, new {new_value:.6g}, ratio {ratio:.4f} ({regression:+.1f}% regression)"
+    )
+    if regression > max_regression:
+        click.echo(f"regression of {regression:.1f}% exceeds the allowed {max_regression}%", err=True)
+        sys.exit(1)
+
+
+@main.command()
+@click.option("--repeats", default=30, show_default=True, help="Samples per encoder.")
+@click.option("--results", type=click.Path(path_type=Path), default=REPO_ROOT / "results", show_default=True)
+def selfcheck(repeats: int, results: Path) -> None:
+    """Write real receipts from a small measurement (event encoding cost) to prove the evidence path."""
+    from harness.selfcheck import run_selfcheck
+
+    for path in run_selfcheck(repeats=repeats, results_dir=results):
+        click.echo(f"wrote {path}")

@@ -1,0 +1,159 @@
+"""Where a measurement ran: a JSON-able descriptor of GPUs, CPU, software versions and the git commit.
+
+Every receipt embeds one. Without a GPU or without NVML the descriptor is still complete for the CPU
+and says why its GPU part is empty.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import psutil
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def describe() -> dict:
+    """The full descriptor of this machine, right now."""
+    gpus, gpu_note = _gpus()
+    desc = {
+        "gpus": gpus,
+        "gpu_note": gpu_note,
+        "cpu": _cpu(),
+        "os": {"system": platform.system(), "release": platform.release(), "platform": platform.platform()},
+        "software": _software(),
+        "git": git_state(),
+    }
+    desc["hardware_id"] = hardware_id(desc)
+    return desc
+
+
+def hardware_id(desc: dict) -> str:
+    """A short stable id that groups receipts: 'NVIDIA-H200' (x2 when several) or 'cpu-2c-Intel-Xeon-Processor'."""
+    if desc["gpus"]:
+        name = _slug(desc["gpus"][0]["name"])
+        count = len(desc["gpus"])
+        return name if count == 1 else f"{name}-x{count}"
+    cpu = desc["cpu"]
+    return f"cpu-{cpu['logical_cores']}c-{_slug(cpu['model'])}"
+
+
+def _slug(text: str) -> str:
+    text = re.sub(r"\((R|TM|C)\)", "", text, flags=re.IGNORECASE)
+    text = re.sub(r"\b(CPU|@.*)$", "", text.strip())
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-") or "unknown"
+
+
+def _gpus() -> tuple[list[dict], str]:
+    try:
+        import pynvml
+    except ImportError:
+        return [], "pynvml (nvidia-ml-py) is not installed"
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        return [], f"NVML unavailable: {exc}"
+    try:
+        driver = _text(pynvml.nvmlSystemGetDriverVersion())
+        cuda_driver = pynvml.nvmlSystemGetCudaDriverVersion()
+        cuda_driver_text = f"{cuda_driver // 1000}.{cuda_driver % 1000 // 10}"
+        gpus = [_gpu(pynvml, i, driver, cuda_driver_text) for i in range(pynvml.nvmlDeviceGetCount())]
+    finally:
+        pynvml.nvmlShutdown()
+    return gpus, "" if gpus else "NVML reports no GPU"
+
+
+def _gpu(pynvml, index: int, driver: str, cuda_driver: str) -> dict:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+
+    def read(fn, *args):
+        # Some fields are not supported on every board (or inside a MIG slice): record None, not a crash.
+        try:
+            return fn(handle, *args)
+        except pynvml.NVMLError:
+            return None
+
+    clock = pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_MEM
+    mig = read(pynvml.nvmlDeviceGetMigMode)
+    power = read(pynvml.nvmlDeviceGetPowerManagementLimit)
+    memory = read(pynvml.nvmlDeviceGetMemoryInfo)
+    return {
+        "index": index,
+        "name": _text(pynvml.nvmlDeviceGetName(handle)),
+        "uuid": _text(read(pynvml.nvmlDeviceGetUUID)),
+        "driver_version": driver,
+        "cuda_driver_version": cuda_driver,
+        "memory_total_bytes": memory.total if memory else None,
+        "sm_clock_mhz": read(pynvml.nvmlDeviceGetClockInfo, clock[0]),
+        "sm_clock_max_mhz": read(pynvml.nvmlDeviceGetMaxClockInfo, clock[0]),
+        "mem_clock_mhz": read(pynvml.nvmlDeviceGetClockInfo, clock[1]),
+        "mem_clock_max_mhz": read(pynvml.nvmlDeviceGetMaxClockInfo, clock[1]),
+        "power_limit_w": power / 1000 if power is not None else None,
+        "pcie_gen": read(pynvml.nvmlDeviceGetCurrPcieLinkGeneration),
+        "pcie_width": read(pynvml.nvmlDeviceGetCurrPcieLinkWidth),
+        "persistence_mode": read(pynvml.nvmlDeviceGetPersistenceMode),
+        "mig_mode": mig[0] if mig else None,
+    }
+
+
+def _text(value) -> str | None:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _cpu() -> dict:
+    model = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "model": model or platform.machine(),
+        "arch": platform.machine(),
+        "physical_cores": psutil.cpu_count(logical=False),
+        "logical_cores": psutil.cpu_count(logical=True),
+        "ram_bytes": psutil.virtual_memory().total,
+    }
+
+
+def _software() -> dict:
+    versions = {"python": platform.python_version(), "implementation": sys.implementation.name}
+    try:
+        import torch
+
+        versions["torch"] = torch.__version__
+        versions["cuda_runtime"] = torch.version.cuda
+    except ImportError:
+        versions["torch"] = None
+        versions["cuda_runtime"] = None
+    try:
+        import triton
+
+        versions["triton"] = triton.__version__
+    except ImportError:
+        versions["triton"] = None
+    return versions
+
+
+@lru_cache(maxsize=1)
+def git_state() -> dict:
+    """The project's commit and whether the working tree differs from it (a dirty receipt is flagged)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    commit = os.environ.get("KIMI_GIT_COMMIT") or git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}

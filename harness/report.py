@@ -1,0 +1,136 @@
+"""results/RESULTS.md, regenerated from receipts only (jinja2 template, pandas for the selection)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jinja2
+import pandas as pd
+
+from harness.receipt import RESULTS_DIR, load_receipt, receipt_paths
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+# Suites in reading order, with the sentence that introduces each section.
+SUITES = {
+    "decode": ("Decode throughput", "Engine decode tokens/s at batch 1 under the memory cap."),
+    "prefill": ("Prefill", "Time to first token and prefill tokens/s per prompt length."),
+    "kernels": ("Kernels", "Each kernel variant against its reference: achieved bandwidth."),
+    "proxy": (
+        "Proxy overhead",
+        "Latency k3 adds per request and per streamed event, through the proxy minus direct.",
+    ),
+    "accuracy": ("Accuracy", "Quantised against unquantised model on the same weights and prompts."),
+    "llamacpp": ("llama.cpp head to head", "The same model and machine, our engine against llama.cpp."),
+    "harness": (
+        "Harness self-check",
+        "A small real measurement that proves the receipt → report → figures → audit path.",
+    ),
+}
+
+
+def load_frame(results_dir: Path | None = None) -> pd.DataFrame:
+    """One row per receipt: where it came from, when, and the receipt itself."""
+    root = Path(results_dir or RESULTS_DIR)
+    rows = []
+    for path in receipt_paths(root):
+        receipt = load_receipt(path)
+        rows.append(
+            {
+                "suite": receipt["suite"],
+                "name": receipt["name"],
+                "hardware_id": receipt["hardware"]["hardware_id"],
+                "created": receipt["created"],
+                "commit": _commit_label(receipt["hardware"].get("git", {})),
+                "path": path.relative_to(root).as_posix(),
+                "receipt": receipt,
+            }
+        )
+    columns = ["suite", "name", "hardware_id", "created", "commit", "path", "receipt"]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _commit_label(git: dict) -> str:
+    label = (git.get("commit") or "unknown")[:10]
+    return f"{label}+dirty" if git.get("dirty") else label
+
+
+def newest(frame: pd.DataFrame) -> pd.DataFrame:
+    """The newest receipt per (suite, name, hardware)."""
+    if frame.empty:
+        return frame
+    ordered = frame.sort_values(["suite", "name", "hardware_id", "created", "path"])
+    return ordered.groupby(["suite", "name", "hardware_id"], sort=True).tail(1).reset_index(drop=True)
+
+
+def fmt(value: float) -> str:
+    """Four significant digits, thousands separated, never scientific notation for ordinary values."""
+    if value != value:  # NaN
+        return "nan"
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:,.0f}"
+    if magnitude >= 1 or magnitude == 0:
+        return f"{value:.4g}"
+    return f"{value:.3g}"
+
+
+def _section(suite: str, rows: pd.DataFrame) -> dict:
+    title, description = SUITES.get(suite, (suite.capitalize(), ""))
+    metric_rows, derived_rows, notes = [], [], []
+    for row in rows.itertuples():
+        receipt = row.receipt
+        base = {
+            "name": row.name,
+            "hardware_id": row.hardware_id,
+            "commit": row.commit,
+            "file": Path(row.path).name,
+            "path": row.path,
+        }
+        for metric, stats in receipt["summary"].items():
+            metric_rows.append(
+                base
+                | {
+                    "metric": metric,
+                    "median": fmt(stats["median"]),
+                    "p10": fmt(stats["p10"]),
+                    "p90": fmt(stats["p90"]),
+                    "n": stats["n"],
+                    "unit": receipt["units"][metric],
+                }
+            )
+        for metric, value in receipt["derived"].items():
+            unit = receipt["units"].get(metric, "")
+            derived_rows.append(base | {"metric": metric, "value": fmt(value), "unit": unit})
+        if receipt["notes"]:
+            notes.append(f"{row.name} on {row.hardware_id}: {receipt['notes']}")
+    return {
+        "title": title,
+        "description": description,
+        "metric_rows": metric_rows,
+        "derived_rows": derived_rows,
+        "notes": notes,
+    }
+
+
+def render(results_dir: Path | None = None) -> str:
+    frame = load_frame(results_dir)
+    latest = newest(frame)
+    suites = [s for s in SUITES if s in set(latest["suite"])] + sorted(set(latest["suite"]) - set(SUITES))
+    sections = [_section(suite, latest[latest["suite"] == suite]) for suite in suites]
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES),
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    return env.get_template("RESULTS.md.j2").render(sections=sections, n_receipts=len(frame))
+
+
+def write_report(results_dir: Path | None = None) -> Path:
+    root = Path(results_dir or RESULTS_DIR)
+    out = root / "RESULTS.md"
+    root.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(root))
+    return out

@@ -1,0 +1,108 @@
+"""Every job the project runs, each in its own environment: a fresh machine needs only `pip install nox`.
+
+nox -s tests          the test suite (what CI runs)
+nox -s bench-decode   the main job: engine decode throughput, written as receipts
+nox -s audit          check that every number shown comes from a receipt
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["tests"]
+
+PYTHON = "3.11"
+ISSUES = {"runners": "issue #8 (runners)"}
+
+
+def install(session: nox.Session, extras: str = "") -> None:
+    session.install("-e", f".[{extras}]" if extras else ".")
+
+
+def not_implemented(session: nox.Session, what: str, issue: str) -> None:
+    session.error(f"not implemented yet: {what} — see {issue}")
+
+
+def regenerate(session: nox.Session) -> None:
+    session.run("kimi-harness", "report")
+    session.run("kimi-harness", "figures")
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """Run the test suite (GPU-only tests skip on the CPU). Extra args go to pytest."""
+    install(session, "test,oracles")
+    args = session.posargs or ["-q", "-p", "no:cacheprovider"]
+    # pytest exits 5 when nothing was collected (e.g. a -k filter): say so rather than fail.
+    code = session.run("pytest", *args, success_codes=[0, 5])
+    if code == 5:
+        session.log("pytest collected no tests")
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff check + format check."""
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(name="bench-decode", python=PYTHON)
+def bench_decode(session: nox.Session) -> None:
+    """Engine decode tokens/s under the memory cap (CPU: synthetic model; GPU: synthetic full or --weights)."""
+    not_implemented(session, "the decode runner", ISSUES["runners"])
+
+
+@nox.session(name="bench-kernels", python=PYTHON)
+def bench_kernels(session: nox.Session) -> None:
+    """Every kernel variant against its reference: achieved bandwidth."""
+    not_implemented(session, "the kernel runner", ISSUES["runners"])
+
+
+@nox.session(name="bench-proxy", python=PYTHON)
+def bench_proxy(session: nox.Session) -> None:
+    """Latency k3 adds per request and per event, for each dialect."""
+    not_implemented(session, "the proxy runner", ISSUES["runners"])
+
+
+@nox.session(python=PYTHON)
+def accuracy(session: nox.Session) -> None:
+    """Quantised against unquantised model: KL, top-1, perplexity, greedy identity."""
+    not_implemented(session, "the accuracy runner", ISSUES["runners"])
+
+
+@nox.session(name="bench-llamacpp", python=PYTHON)
+def bench_llamacpp(session: nox.Session) -> None:
+    """Our engine against llama.cpp on the same model and machine."""
+    not_implemented(session, "the llama.cpp runner", ISSUES["runners"])
+
+
+@nox.session(python=PYTHON)
+def selfcheck(session: nox.Session) -> None:
+    """A small real measurement through the whole evidence path (receipt, report, figures)."""
+    install(session)
+    session.run("kimi-harness", "selfcheck")
+    regenerate(session)
+
+
+@nox.session(python=PYTHON)
+def report(session: nox.Session) -> None:
+    """Regenerate results/RESULTS.md from the receipts."""
+    install(session)
+    session.run("kimi-harness", "report")
+
+
+@nox.session(python=PYTHON)
+def figures(session: nox.Session) -> None:
+    """Regenerate docs/figures/ (PNG + PDF + data) from the receipts."""
+    install(session)
+    session.run("kimi-harness", "figures")
+
+
+@nox.session(python=PYTHON)
+def audit(session: nox.Session) -> None:
+    """Fail when a receipt, RESULTS.md, a figure or a number in the docs does not match the evidence."""
+    install(session)
+    session.run("kimi-harness", "audit")

@@ -1,0 +1,61 @@
+import json
+
+from harness import figures, report
+
+
+def test_report_has_a_section_per_suite_and_names_each_receipt(make_receipt):
+    old = make_receipt(suite="proxy", name="anthropic.stream")
+    new = make_receipt(suite="proxy", name="anthropic.stream")
+    other = make_receipt(suite="harness", name="probe")
+    page = report.render(make_receipt.results)
+    assert page.index("## Proxy overhead") < page.index("## Harness self-check")  # fixed suite order
+    assert new.name in page and other.name in page
+    assert old.name not in page  # only the newest per (suite, name, hardware)
+    assert "cpu-2c-Test-CPU" in page and "`0123456789`" in page
+    assert "from 3 receipts" in page
+
+
+def test_report_numbers_come_from_the_receipt(make_receipt):
+    path = make_receipt(samples={"ms": [1.0, 2.0, 4.0]}, units={"ms": "ms"}, derived={"ratio": 0.25})
+    page = report.render(make_receipt.results)
+    row = next(line for line in page.splitlines() if path.name in line and "| ms |" in line)
+    assert "| 2 |" in row and "| 3 |" in row  # median 2 of n 3
+    assert "| ratio | 0.25 |" in page
+
+
+def test_report_is_stable_and_empty_results_say_so(tmp_path, make_receipt):
+    assert "No receipts yet." in report.render(tmp_path / "nothing")
+    make_receipt()
+    assert report.render(make_receipt.results) == report.render(make_receipt.results)
+
+
+def test_number_format():
+    assert report.fmt(113.83) == "113.8"
+    assert report.fmt(12345.6) == "12,346"
+    assert report.fmt(0.012345) == "0.0123"
+
+
+def test_figures_are_byte_identical_when_regenerated(tmp_path, make_receipt):
+    make_receipt(name="a")
+    make_receipt(name="b")
+    first = figures.write_all(make_receipt.results, tmp_path / "f1")
+    second = figures.write_all(make_receipt.results, tmp_path / "f2")
+    assert [p.name for p in first] == [
+        "harness_selfcheck.png",
+        "harness_selfcheck.pdf",
+        "harness_selfcheck.json",
+    ]
+    for a, b in zip(first, second, strict=True):
+        assert a.read_bytes() == b.read_bytes(), a.name
+
+
+def test_figure_data_is_taken_from_the_receipts(tmp_path, make_receipt):
+    path = make_receipt(name="only", samples={"encode_us": [1.0, 3.0, 5.0]})
+    figures.write_all(make_receipt.results, tmp_path)
+    data = json.loads((tmp_path / "harness_selfcheck.json").read_text())
+    (bar,) = data["bars"]
+    assert bar["median"] == 3.0 and bar["unit"] == "µs" and bar["receipt"].endswith(path.name)
+
+
+def test_no_receipts_no_figures(tmp_path):
+    assert figures.write_all(tmp_path / "none", tmp_path / "out") == []
