@@ -1,0 +1,12 @@
+"""The benchmark runners: each writes receipts through harness/ and then regenerates RESULTS.md and figures.
+
+    python -m runners decode     engine decode (and prefill) throughput against the bandwidth roofline
+    python -m runners proxy      latency k3 adds per request and per event
+"""
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Benchmark runners for local-kimi; every measurement becomes a receipt under results/."""

@@ -1,0 +1,90 @@
+"""llama.cpp's own `llama-bench` and `llama-server`, built once from the llama-cpp-python source distribution.
+
+The llama-cpp-python wheel ships only shared libraries, so the executables are built from the llama.cpp
+tree vendored in its sdist (same commit as the Python package) and cached under `.cache/llamacpp/`.
+With an NVIDIA GPU visible the build adds CUDA.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from harness.hardware import REPO_ROOT
+
+VERSION = "0.3.36"
+CACHE = REPO_ROOT / ".cache" / "llamacpp"
+TARGETS = ("llama-bench", "llama-server")
+
+
+@dataclass(frozen=True)
+class Tools:
+    bench: Path
+    server: Path
+    build_dir: Path
+    cuda: bool
+
+    def version(self) -> str:
+        out = subprocess.run([str(self.bench), "--version"], capture_output=True, text=True, timeout=30)
+        return (out.stdout + out.stderr).strip().splitlines()[-1] if (out.stdout + out.stderr).strip() else ""
+
+
+def has_cuda() -> bool:
+    return shutil.which("nvidia-smi") is not None and shutil.which("nvcc") is not None
+
+
+def ensure_tools(cache: Path = CACHE, cuda: bool | None = None) -> Tools:
+    """Return the built tools, building them first when the cache does not hold them (minutes on 2 cores)."""
+    cuda = has_cuda() if cuda is None else cuda
+    build = cache / f"build-{VERSION}-{'cuda' if cuda else 'cpu'}"
+    tools = Tools(build / "bin" / TARGETS[0], build / "bin" / TARGETS[1], build, cuda)
+    if tools.bench.exists() and tools.server.exists():
+        return tools
+    source = _source_tree(cache)
+    flags = [
+        "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF",
+        "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", f"-DGGML_CUDA={'ON' if cuda else 'OFF'}",
+    ]  # fmt: skip
+    _run(["cmake", "-S", str(source), "-B", str(build), *flags], "configuring llama.cpp")
+    _run(["cmake", "--build", str(build), "--target", *TARGETS, "-j"], "building llama-bench and llama-server")
+    if not (tools.bench.exists() and tools.server.exists()):
+        raise click.ClickException(f"the llama.cpp build finished but {build / 'bin'} lacks {', '.join(TARGETS)}")
+    return tools
+
+
+def _source_tree(cache: Path) -> Path:
+    tree = cache / f"llama_cpp_python-{VERSION}" / "vendor" / "llama.cpp"
+    if tree.exists():
+        return tree
+    cache.mkdir(parents=True, exist_ok=True)
+    sdist = cache / f"llama_cpp_python-{VERSION}.tar.gz"
+    if not sdist.exists():
+        _run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+             f"llama-cpp-python=={VERSION}", "-d", str(cache)],
+            "downloading the llama-cpp-python sdist",
+        )  # fmt: skip
+    with tarfile.open(sdist) as archive:
+        archive.extractall(cache, filter="data")
+    return tree
+
+
+def _run(cmd: list[str], label: str) -> None:
+    """Run a build step, echoing its progress lines; on failure show the tail of its output."""
+    click.echo(f"{label} ...", err=True)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tail: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        tail = (tail + [line.rstrip()])[-40:]
+        if line.startswith("["):  # ninja's "[12/220] Building ..." progress lines
+            click.echo(f"  {line.rstrip()[:100]}", err=True)
+    if proc.wait() != 0:
+        raise click.ClickException(f"{label} failed ({' '.join(cmd[:3])} ...):\n" + "\n".join(tail))
