@@ -6,8 +6,8 @@ streamed in parallel with interleaved indices. Rules, for engines that disagree 
 * the first id seen for an index is kept (the id announced must be the id restored later);
   a call without any id gets a fresh one;
 * name pieces are joined until the first argument piece; a piece that repeats (or extends) the
-  name so far replaces it, since some engines resend the full name on every delta; after the
-  arguments start, names are ignored;
+  name so far replaces it, since some engines resend the full name on every delta; once both a
+  name and arguments have arrived, further names are ignored;
 * argument pieces are concatenated byte for byte, including pieces that arrive before the name;
 * an item without an index continues the call with the same id, or else starts a new call when
   it brings an id or a name, or else continues the call touched last.
@@ -69,7 +69,7 @@ class NativeToolCalls:
         self._last = index
         if call_id and not part.id:
             part.id = call_id
-        if name and not part.arguments:
+        if name and not (part.arguments and part.name):
             part.name = name if part.name and name.startswith(part.name) else part.name + name
         if arguments:
             part.arguments.append(arguments)
