@@ -9,7 +9,7 @@ from __future__ import annotations
 from k3.tools.arguments import JSON_ERRORS, call_from_members, parse_members
 from k3.tools.events import Event, Text, ToolCall
 from k3.tools.ids import new_call_id
-from k3.tools.scan import find_first, held_suffix, rescan_from
+from k3.tools.scan import find_first, held_suffix
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _IN_CALL = (CLOSE, OPEN)
@@ -27,9 +27,9 @@ def parse_call_body(body: str) -> tuple[str, str] | None:
 
 class HermesParser:
     def __init__(self) -> None:
-        self._buf = ""
+        self._buf = ""  # unsearched text (outside a call) or a possible tag start (inside one)
+        self._body: list[str] = []  # the open call's text so far
         self._in_call = False
-        self._scanned = 0  # how far the open call's body has been searched
 
     def feed(self, chunk: str) -> list[Event]:
         self._buf += chunk
@@ -37,34 +37,35 @@ class HermesParser:
 
     def finish(self) -> list[Event]:
         out = self._drain()
-        if self._buf or self._in_call:
-            out.append(Text((OPEN if self._in_call else "") + self._buf))
-        self._buf, self._in_call = "", False
+        rest = (OPEN + "".join(self._body) if self._in_call else "") + self._buf
+        if rest:
+            out.append(Text(rest))
+        self._buf, self._body, self._in_call = "", [], False
         return out
 
     def _drain(self) -> list[Event]:
         out: list[Event] = []
         while True:
-            if not self._in_call:
-                pos = self._buf.find(OPEN)
-                if pos == -1:
-                    keep = held_suffix(self._buf, (OPEN,))
-                    if len(self._buf) > keep:
-                        out.append(Text(self._buf[: len(self._buf) - keep]))
-                        self._buf = self._buf[len(self._buf) - keep :]
-                    return out
-                if pos:
-                    out.append(Text(self._buf[:pos]))
-                self._buf, self._in_call, self._scanned = self._buf[pos + len(OPEN) :], True, 0
-                continue
-            pos, tok = find_first(self._buf, _IN_CALL, self._scanned)
+            tokens = _IN_CALL if self._in_call else (OPEN,)
+            pos, tok = find_first(self._buf, tokens)
             if pos == -1:
-                self._scanned = rescan_from(len(self._buf), _IN_CALL)
+                cut = len(self._buf) - held_suffix(self._buf, tokens)
+                if cut and self._in_call:
+                    self._body.append(self._buf[:cut])
+                elif cut:
+                    out.append(Text(self._buf[:cut]))
+                self._buf = self._buf[cut:]
                 return out
-            body, self._buf, self._in_call = self._buf[:pos], self._buf[pos:], False
+            before, self._buf = self._buf[:pos], self._buf[pos + len(tok) :]
+            if not self._in_call:
+                if before:
+                    out.append(Text(before))
+                self._in_call = True
+                continue
+            body, self._body = "".join(self._body) + before, []
             if tok == OPEN:  # a new call opens before this one closed: this one was just text
                 out.append(Text(OPEN + body))
                 continue
-            self._buf = self._buf[len(CLOSE) :]
+            self._in_call = False
             call = parse_call_body(body)
             out.append(ToolCall(new_call_id(), *call) if call else Text(OPEN + body + CLOSE))

@@ -57,11 +57,11 @@ def _parse_calls(text: str, known: dict[str, list[str]]) -> list[tuple[str, str]
 class JsonCallParser:
     def __init__(self, tools: list[dict] | None = None) -> None:
         self._known = parameter_names(tools)
-        self._buf = ""
         self._state = "lead"  # lead | value | tail | text
+        self._lead = ""  # undecided opening: whitespace, maybe a fence line
+        self._value: list[str] = []  # the JSON value so far
+        self._tail = ""  # after the value: whitespace, maybe the closing fence
         self._fenced = False
-        self._start = 0  # where the JSON value begins in the buffer
-        self._pos = 0  # how far the value has been scanned
         self._depth = 0
         self._in_string = False
         self._escaped = False
@@ -70,60 +70,60 @@ class JsonCallParser:
     def feed(self, chunk: str) -> list[Event]:
         if self._state == "text":
             return [Text(chunk)] if chunk else []
-        self._buf += chunk
-        return self._advance()
-
-    def finish(self) -> list[Event]:
-        out = self._advance()
-        if self._state == "tail":
-            out.extend(ToolCall(new_call_id(), name, args) for name, args in self._calls)
-        elif self._state != "text" and self._buf:
-            out.append(Text(self._buf))
-        self._buf, self._state = "", "text"
-        return out
-
-    def _latch_text(self) -> list[Event]:
-        out = [Text(self._buf)] if self._buf else []
-        self._buf, self._state = "", "text"
-        return out
-
-    def _advance(self) -> list[Event]:
         if self._state == "lead":
-            self._lead()
+            self._lead += chunk
+            chunk = self._decide_lead()
         if self._state == "value":
-            self._scan_value()
-        if self._state == "tail":
-            self._check_tail()
+            chunk = self._scan_value(chunk)
+        self._tail += chunk  # empty unless the value has closed
+        if self._state == "tail" and not self._tail_ok():
+            self._state = "latch"
         return self._latch_text() if self._state == "latch" else []
 
-    def _lead(self) -> None:
-        start = _WS.match(self._buf).end()
-        rest = self._buf[start:]
+    def finish(self) -> list[Event]:
+        state, held = self._state, self._held()
+        self._state, self._lead, self._value, self._tail = "text", "", [], ""
+        if state == "tail":
+            return [ToolCall(new_call_id(), name, args) for name, args in self._calls]
+        return [Text(held)] if held else []
+
+    def _held(self) -> str:
+        return self._lead + "".join(self._value) + self._tail
+
+    def _latch_text(self) -> list[Event]:
+        held = self._held()
+        self._state, self._lead, self._value, self._tail = "text", "", [], ""
+        return [Text(held)] if held else []
+
+    def _decide_lead(self) -> str:
+        """Classify the opening; returns the text that belongs to the JSON value, if one started."""
+        lead = self._lead
+        start = _WS.match(lead).end()
+        rest = lead[start:]
         if not rest or FENCE.startswith(rest):
-            return  # still undecided (a one- or two-backtick prefix may become a fence)
-        if rest[0] in "{[":
-            self._state, self._start, self._pos = "value", start, start
-            return
+            return ""  # still undecided (a one- or two-backtick prefix may become a fence)
         if rest.startswith(FENCE):
             line = _FENCE_LINE.match(rest)
             if line is None:
                 if not _FENCE_LINE_PREFIX.fullmatch(rest):
                     self._state = "latch"
-                return
-            body = _WS.match(rest, line.end()).end()
-            if body == len(rest):
-                return
-            if rest[body] in "{[":
-                self._fenced = True
-                self._state, self._start, self._pos = "value", start + body, start + body
-                return
-        self._state = "latch"
+                return ""
+            start = _WS.match(lead, start + line.end()).end()
+            if start == len(lead):
+                return ""
+            self._fenced = True
+        if lead[start] not in "{[":
+            self._state = "latch"
+            return ""
+        self._state, self._lead = "value", lead[:start]
+        return lead[start:]
 
-    def _scan_value(self) -> None:
-        """Track nesting incrementally; when the top-level value closes, decide call or text."""
-        buf = self._buf
-        for pos in range(self._pos, len(buf)):
-            char = buf[pos]
+    def _scan_value(self, chunk: str) -> str:
+        """Track nesting incrementally; when the top-level value closes, decide call or text.
+
+        Returns the part of `chunk` after the value.
+        """
+        for pos, char in enumerate(chunk):
             if self._in_string:
                 if self._escaped:
                     self._escaped = False
@@ -138,16 +138,15 @@ class JsonCallParser:
             elif char in "}]":
                 self._depth -= 1
                 if self._depth == 0:
-                    calls = _parse_calls(buf[self._start : pos + 1], self._known)
-                    self._state = "tail" if calls else "latch"
-                    self._calls, self._pos = calls or [], pos + 1
-                    return
-        self._pos = len(buf)
+                    self._value.append(chunk[: pos + 1])
+                    self._calls = _parse_calls("".join(self._value), self._known) or []
+                    self._state = "tail" if self._calls else "latch"
+                    return chunk[pos + 1 :]
+        self._value.append(chunk)
+        return ""
 
-    def _check_tail(self) -> None:
-        tail = self._buf[self._pos :].lstrip()
+    def _tail_ok(self) -> bool:
+        tail = self._tail.lstrip()
         if not tail:
-            return
-        if self._fenced and (FENCE.startswith(tail) or (tail.startswith(FENCE) and not tail[3:].strip())):
-            return
-        self._state = "latch"
+            return True
+        return self._fenced and (FENCE.startswith(tail) or (tail.startswith(FENCE) and not tail[3:].strip()))

@@ -17,7 +17,7 @@ import re
 from k3.tools.arguments import coerce_raw
 from k3.tools.events import Event, Text, ToolCall
 from k3.tools.ids import new_call_id
-from k3.tools.scan import find_first, held_suffix, rescan_from
+from k3.tools.scan import find_first, held_suffix
 
 SECTION_BEGIN = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
 SECTION_END = ("<|tool_calls_section_end|>", "<|tool_call_section_end|>")
@@ -36,7 +36,7 @@ class KimiK2Parser:
         self._in_section = False
         self._prose_run = False  # the current run between section tokens has shown prose
         self._header = ""
-        self._scanned = 0
+        self._body: list[str] = []  # text of the call part being read (header or arguments)
         self._ids: set[str] = set()
 
     def feed(self, chunk: str) -> list[Event]:
@@ -48,28 +48,27 @@ class KimiK2Parser:
     def finish(self) -> list[Event]:
         out: list[Event] = []
         self._drain(out)
+        rest = "".join(self._body) + self._buf
         if self._state in ("text", "section"):
-            self._show_run(out, self._buf)
-        elif self._state == "header":
-            out.append(Text(self._buf))
+            self._show_run(out, rest)
         else:
-            out.append(Text(self._header + self._buf))
-        self._buf, self._state = "", "text"
+            out.append(Text(rest if self._state == "header" else self._header + rest))
+        self._buf, self._body, self._state = "", [], "text"
         return out
 
     def _drain(self, out: list[Event]) -> None:
         while True:
-            pos, tok = find_first(self._buf, TOKENS, self._scanned)
+            pos, tok = find_first(self._buf, TOKENS)
             if pos == -1:
-                if self._state in ("text", "section"):
-                    keep = held_suffix(self._buf, TOKENS)
-                    if self._show_run(out, self._buf[: len(self._buf) - keep], partial=True):
-                        self._buf = self._buf[len(self._buf) - keep :]
-                    self._scanned = 0
-                else:  # inside a call: keep buffering, search only the new tail next time
-                    self._scanned = rescan_from(len(self._buf), TOKENS)
+                cut = len(self._buf) - held_suffix(self._buf, TOKENS)
+                if self._state in ("header", "args"):
+                    self._body.append(self._buf[:cut])  # only a possible token start stays in the buffer
+                elif not self._show_run(out, self._buf[:cut], partial=True):
+                    return
+                self._buf = self._buf[cut:]
                 return
-            before, self._buf, self._scanned = self._buf[:pos], self._buf[pos + len(tok) :], 0
+            before = "".join(self._body) + self._buf[:pos]
+            self._body, self._buf = [], self._buf[pos + len(tok) :]
             self._on_token(out, before, tok)
 
     def _show_run(self, out: list[Event], text: str, partial: bool = False) -> bool:

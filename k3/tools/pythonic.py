@@ -80,29 +80,32 @@ def parse_call_list(text: str, schemas: dict[str, list[str]]) -> list[tuple[str,
 class PythonicParser:
     def __init__(self, tools: list[dict] | None = None) -> None:
         self._schemas = parameter_names(tools)
-        self._buf = ""
+        self._held: list[str] = []
+        self._head = ""  # the opening, while it may still become `[name(`
         self._state = "head"  # head | body | text
 
     def feed(self, chunk: str) -> list[Event]:
         if self._state == "text":
             return [Text(chunk)] if chunk else []
-        self._buf += chunk
-        if self._state == "head":
-            if _COMMITTED.match(self._buf):
-                self._state = "body"
-            elif not _VIABLE.fullmatch(self._buf):
-                out, self._buf, self._state = [Text(self._buf)], "", "text"
-                return out
+        if self._state == "body":
+            self._held.append(chunk)
+            return []
+        self._head += chunk
+        if _COMMITTED.match(self._head):
+            self._state, self._held = "body", [self._head]
+        elif not _VIABLE.fullmatch(self._head):
+            self._state = "text"
+            return [Text(self._head)]
         return []
 
     def finish(self) -> list[Event]:
-        buf, state = self._buf, self._state
-        self._buf, self._state = "", "text"
+        state, text = self._state, "".join(self._held) if self._state == "body" else self._head
+        self._state, self._held, self._head = "text", [], ""
         if state != "body":
-            return [Text(buf)] if buf else []
+            return [Text(text)] if state == "head" and text else []
         try:
-            calls = parse_call_list(buf, self._schemas)
+            calls = parse_call_list(text, self._schemas)
         except Rejected as exc:
             log.warning("pythonic tool call rejected, shown as text: %s", exc)
-            return [Text(buf)]
+            return [Text(text)]
         return [ToolCall(new_call_id(), name, args) for name, args in calls]

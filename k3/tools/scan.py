@@ -25,22 +25,14 @@ def held_suffix(buf: str, tokens: Sequence[str]) -> int:
     That suffix may still grow into a delimiter, so it must not be shown yet; everything before it
     can be emitted now.
     """
+    start = max(0, len(buf) - max(len(t) for t in tokens) + 1)
     held = 0
-    for tok in tokens:
-        for size in range(min(len(tok) - 1, len(buf)), held, -1):
-            if buf.endswith(tok[:size]):
-                held = size
+    for first in {t[0] for t in tokens}:
+        pos = buf.find(first, start)
+        while pos != -1 and len(buf) - pos > held:
+            suffix = buf[pos:]
+            if any(len(t) > len(suffix) and t.startswith(suffix) for t in tokens):
+                held = len(suffix)  # the leftmost fitting start is the longest for this first char
                 break
+            pos = buf.find(first, pos + 1)
     return held
-
-
-def rescan_from(previous_len: int, tokens: Sequence[str]) -> int:
-    """Where a search may restart after appending to a buffer already searched up to `previous_len`."""
-    return max(0, previous_len - max(len(t) for t in tokens) + 1)
-
-
-def strip_tokens(text: str, tokens: Sequence[str]) -> str:
-    """Remove every occurrence of the control tokens (degraded output must never show them)."""
-    for tok in tokens:
-        text = text.replace(tok, "")
-    return text
