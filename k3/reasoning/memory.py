@@ -47,10 +47,11 @@ def session_key(*parts: str | None) -> str:
 
 
 def _tool_names(message: dict) -> list[str]:
-    return [
-        (c.get("function") or {}).get("name", "") if isinstance(c, dict) else ""
-        for c in message.get("tool_calls") or []
-    ]
+    names = []
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") if isinstance(call, dict) else None
+        names.append(fn.get("name", "") if isinstance(fn, dict) else "")
+    return names
 
 
 class Turn:
@@ -60,7 +61,7 @@ class Turn:
         self.entry_id = secrets.token_hex(16)
         self.field: str | None = None  # the detected reasoning vehicle, when the memory runs on "auto"
         self._memory, self._session = memory, session
-        self._segments: list[list[str]] = []
+        self._segments: list[tuple[str, list[str]]] = []  # ("reasoning" | "text", pieces), in order
         self._calls: list[dict] = []
         self._committed = False
 
@@ -74,13 +75,12 @@ class Turn:
                 }
             )
             return
-        kind = "reasoning" if isinstance(event, Reasoning) else "text"
         if not isinstance(event, Reasoning | Text) or not event.text:
             return
-        if self._segments and self._segments[-1][0] == kind:
-            self._segments[-1][1] += event.text
-        else:
-            self._segments.append([kind, event.text])
+        kind = "reasoning" if isinstance(event, Reasoning) else "text"
+        if not self._segments or self._segments[-1][0] != kind:
+            self._segments.append((kind, []))
+        self._segments[-1][1].append(event.text)
 
     def sign(self, reasoning: str) -> str:
         """The signature for one reasoning segment: the entry id, the session tag and (when it
@@ -94,13 +94,14 @@ class Turn:
 
     def record(self) -> dict:
         """The turn as stored: visible text, reasoning and raw tool calls (segments if interleaved)."""
-        content = "".join(t for kind, t in self._segments if kind == "text")
-        reasoning = "".join(t for kind, t in self._segments if kind == "reasoning")
+        segments = [[kind, "".join(pieces)] for kind, pieces in self._segments]
+        content = "".join(t for kind, t in segments if kind == "text")
+        reasoning = "".join(t for kind, t in segments if kind == "reasoning")
         record = {"content": content, "reasoning": reasoning, "tool_calls": self._calls}
-        if sum(kind == "reasoning" for kind, _ in self._segments) > 1 or (
-            self._segments and self._segments[0][0] == "text" and reasoning
+        if sum(kind == "reasoning" for kind, _ in segments) > 1 or (
+            segments and segments[0][0] == "text" and reasoning
         ):
-            record["segments"] = [list(s) for s in self._segments]
+            record["segments"] = segments
         if self.field:
             record["field"] = self.field
         return record
