@@ -1,0 +1,43 @@
+"""Reasoning across turns: signatures, the ledger, fingerprints and restoration.
+
+Public interface:
+
+* `ReasoningMemory.open(ledger_path=None, *, reasoning_field="reasoning_content",
+  secret_dir=None, max_entries=4096, max_bytes=128 MiB, ttl_s=7 days, max_signature_bytes=1 MiB)`
+  – the one object the proxy holds (`reasoning_field` may be "auto": each turn is then sent back
+  in the vehicle detected for it, `Turn.field`).
+  * `begin_turn(session) -> Turn`; `Turn.entry_id`, `Turn.field`, `Turn.add(event)` for every
+    `k3.tools` event in order, `Turn.sign(segment_text) -> str` (thinking-block signature /
+    `encrypted_content`), `Turn.commit()` (idempotent; call it when the upstream stream ends,
+    before the last client bytes, and again in a `finally`).
+  * `restore(message, signatures, session) -> dict`: the exact upstream assistant message for a
+    client's assistant message (OpenAI-Chat form, tool-call ids already mapped back to upstream
+    ids); `signatures` is the turn's signature(s) or None.
+  * `stats()` – entries, bytes, hits, misses, fingerprint_hits, fingerprint_misses, evictions,
+    expired, signature_restores, rejected_signatures, write_errors. `close()`.
+* `session_key(*parts) -> str` – hash of what identifies a client (auth header, preset, …).
+* `SignatureCodec(secret, max_bytes)` (`sign(payload) -> str`, `verify(sig) -> dict | None`),
+  `Ledger(path, *, max_entries, max_bytes, ttl_s)` (`put/get/find/stats/close`),
+  `load_or_create_secret(directory)`, `fingerprint(message)`.
+* `REASONING_FIELDS`, `render_upstream(record, field)`, `detect_reasoning_field(delta)`.
+"""
+
+from k3.reasoning.codec import SignatureCodec
+from k3.reasoning.fields import REASONING_FIELDS, detect_reasoning_field, render_upstream
+from k3.reasoning.fingerprint import fingerprint
+from k3.reasoning.ledger import Ledger
+from k3.reasoning.memory import ReasoningMemory, Turn, session_key
+from k3.reasoning.secret import load_or_create_secret
+
+__all__ = [
+    "REASONING_FIELDS",
+    "Ledger",
+    "ReasoningMemory",
+    "SignatureCodec",
+    "Turn",
+    "detect_reasoning_field",
+    "fingerprint",
+    "load_or_create_secret",
+    "render_upstream",
+    "session_key",
+]

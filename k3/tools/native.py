@@ -1,0 +1,86 @@
+"""Folding an engine's native streamed `delta.tool_calls` into complete calls.
+
+Each delta item is `{"index", "id"?, "function": {"name"?, "arguments"?}}`; several calls may be
+streamed in parallel with interleaved indices. Rules, for engines that disagree on details:
+
+* the first id seen for an index is kept (the id announced must be the id restored later);
+  a call without any id gets a fresh one;
+* name pieces are joined until the first argument piece; a piece that repeats (or extends) the
+  name so far replaces it, since some engines resend the full name on every delta; once both a
+  name and arguments have arrived, further names are ignored;
+* argument pieces are concatenated byte for byte, including pieces that arrive before the name;
+* an item without an index continues the call with the same id, or else starts a new call when
+  it brings an id or a name, or else continues the call touched last.
+
+Malformed items are skipped; nothing here raises on engine output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from k3.tools.events import ToolCall
+from k3.tools.ids import new_call_id
+
+
+@dataclass(slots=True)
+class _Partial:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+class NativeToolCalls:
+    def __init__(self) -> None:
+        self._calls: dict[int, _Partial] = {}
+        self._last: int | None = None
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def add(self, deltas: object) -> None:
+        """Fold one chunk's `delta.tool_calls` (or a complete message's `tool_calls`)."""
+        if not isinstance(deltas, list):
+            return
+        for item in deltas:
+            if isinstance(item, dict):
+                self._add_one(item)
+
+    def calls(self) -> list[ToolCall]:
+        """The complete calls, in index order, with the argument strings exactly as streamed."""
+        return [
+            ToolCall(part.id or self._mint(part), part.name, "".join(part.arguments) or "{}")
+            for _, part in sorted(self._calls.items())
+        ]
+
+    def _mint(self, part: _Partial) -> str:
+        part.id = new_call_id()
+        return part.id
+
+    def _add_one(self, item: dict) -> None:
+        fn = item.get("function") if isinstance(item.get("function"), dict) else {}
+        call_id = item.get("id") if isinstance(item.get("id"), str) else ""
+        name = fn.get("name") if isinstance(fn.get("name"), str) else ""
+        arguments = fn.get("arguments") if isinstance(fn.get("arguments"), str) else ""
+        index = self._index_for(item.get("index"), call_id, name)
+        if index is None:
+            return
+        part = self._calls.setdefault(index, _Partial())
+        self._last = index
+        if call_id and not part.id:
+            part.id = call_id
+        if name and not (part.arguments and part.name):
+            part.name = name if part.name and name.startswith(part.name) else part.name + name
+        if arguments:
+            part.arguments.append(arguments)
+
+    def _index_for(self, index: object, call_id: str, name: str) -> int | None:
+        if isinstance(index, int) and not isinstance(index, bool) and index >= 0:
+            return index
+        if call_id:
+            for known, part in self._calls.items():
+                if part.id == call_id:
+                    return known
+        if call_id or name or self._last is None:
+            return max(self._calls, default=-1) + 1
+        return self._last
