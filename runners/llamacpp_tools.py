@@ -31,8 +31,9 @@ class Tools:
     cuda: bool
 
     def version(self) -> str:
+        """llama.cpp's own version line, e.g. 'version: 1 (0c1e570)'."""
         out = subprocess.run([str(self.bench), "--version"], capture_output=True, text=True, timeout=30)
-        return (out.stdout + out.stderr).strip().splitlines()[-1] if (out.stdout + out.stderr).strip() else ""
+        return "; ".join(line for line in (out.stdout + out.stderr).splitlines() if line.strip())
 
 
 def has_cuda() -> bool:
