@@ -2,7 +2,14 @@
 
 from engine.model.cache import CacheFullError, SequenceCache
 from engine.model.config import ConfigError, KimiLinearConfig
-from engine.model.generate import GeneratedToken, GenerationResult, SamplingParams, generate, generate_stream, sample
+from engine.model.generate import (
+    GeneratedToken,
+    GenerationResult,
+    SamplingParams,
+    generate,
+    generate_stream,
+    sample,
+)
 from engine.model.linear import Linear
 from engine.model.loading import Checkpoint, CheckpointError, load_model
 from engine.model.model import KimiLinearForCausalLM

@@ -24,7 +24,9 @@ def single_thread():
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
-    return write_synthetic_checkpoint(TINY, tmp_path_factory.mktemp("tiny") / "ckpt", seed=1234, preset_name="tiny")
+    return write_synthetic_checkpoint(
+        TINY, tmp_path_factory.mktemp("tiny") / "ckpt", seed=1234, preset_name="tiny"
+    )
 
 
 @pytest.fixture(scope="session")

@@ -74,7 +74,9 @@ class ReferenceKimi:
         w = self.w
         a = f"model.layers.{i}.self_attn."
         H, d = self.kda_heads, self.kda_dim
-        raw = torch.stack([w[a + "q_proj.weight"] @ x, w[a + "k_proj.weight"] @ x, w[a + "v_proj.weight"] @ x])
+        raw = torch.stack(
+            [w[a + "q_proj.weight"] @ x, w[a + "k_proj.weight"] @ x, w[a + "v_proj.weight"] @ x]
+        )
         st["history"].append(raw)
         window = st["history"][-self.conv_k :]  # oldest first, current last
         st["history"] = st["history"][1:]
@@ -144,7 +146,10 @@ class ReferenceKimi:
     def moe_token(self, i, x):
         m = f"model.layers.{i}.block_sparse_moe."
         ids, weights = self.route(i, x)
-        out = sum(wt * self.swiglu(f"{m}experts.{int(e)}.", x, ("w1", "w3", "w2")) for e, wt in zip(ids, weights))
+        out = sum(
+            wt * self.swiglu(f"{m}experts.{int(e)}.", x, ("w1", "w3", "w2"))
+            for e, wt in zip(ids, weights, strict=True)
+        )
         if self.c.get("num_shared_experts", 1):
             out = out + self.swiglu(m + "shared_experts.", x)
         return out
@@ -161,7 +166,9 @@ class ReferenceKimi:
         for i in range(self.c["num_hidden_layers"]):
             p = f"model.layers.{i}."
             x = rms_norm(h, w[p + "input_layernorm.weight"], self.eps)
-            h = h + (self.mla_token(i, x, state[i]) if i in self.mla_layers else self.kda_token(i, x, state[i]))
+            h = h + (
+                self.mla_token(i, x, state[i]) if i in self.mla_layers else self.kda_token(i, x, state[i])
+            )
             h = h + self.ffn_token(i, rms_norm(h, w[p + "post_attention_layernorm.weight"], self.eps))
         return w["lm_head.weight"] @ rms_norm(h, w["model.norm.weight"], self.eps)
 

@@ -15,7 +15,7 @@ def random_kda_inputs(rng, batch=2, tokens=150, heads=3, dk=32, dv=24, dtype=tor
     k = l2_normalize(torch.randn(batch, tokens, heads, dk, generator=rng, dtype=dtype), 1e-6)
     v = torch.randn(batch, tokens, heads, dv, generator=rng, dtype=dtype)
     # log-decays from ~0 (slow) to ~-8 (fast), so cumulative decays inside a chunk underflow exp()
-    g = -torch.rand(batch, tokens, heads, dk, generator=rng, dtype=dtype) ** 3 * 8
+    g = -(torch.rand(batch, tokens, heads, dk, generator=rng, dtype=dtype) ** 3) * 8
     beta = torch.rand(batch, tokens, heads, generator=rng, dtype=dtype)
     state = torch.randn(batch, heads, dk, dv, generator=rng, dtype=dtype)
     return q, k, v, g, beta, state

@@ -65,7 +65,9 @@ def test_router_matches_reference_and_uses_bias_only_for_selection(tiny_model, r
         ref_ids, ref_weights = reference.route(index, x[n].double())
         order = torch.argsort(ids[n])
         assert ids[n][order].tolist() == sorted(ref_ids.tolist())
-        torch.testing.assert_close(weights[n][order].double(), ref_weights[torch.argsort(ref_ids)], atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            weights[n][order].double(), ref_weights[torch.argsort(ref_ids)], atol=1e-6, rtol=0
+        )
     # The synthetic bias is non-zero, so the bias-in-weights variant gives measurably different weights.
     bias = moe.gate.e_score_correction_bias
     assert bias.abs().max() > 1e-2
@@ -90,4 +92,6 @@ def test_dense_layer_zero_is_an_mlp(tiny_model, reference, rng):
     assert not hasattr(layer, "block_sparse_moe")
     x = torch.randn(5, tiny_model.config.hidden_size, generator=rng)
     expected = torch.stack([reference.ffn_token(0, x[t].double()) for t in range(5)])
-    torch.testing.assert_close(layer.mlp(x).double(), expected, atol=1e-5 * expected.abs().max().item(), rtol=0)
+    torch.testing.assert_close(
+        layer.mlp(x).double(), expected, atol=1e-5 * expected.abs().max().item(), rtol=0
+    )
