@@ -20,6 +20,8 @@ from engine.model.linear import Linear
 from engine.model.norm import GatedRMSNorm
 
 CHUNK_SIZE = 64
+SUB_CHUNK = 16  # inside a chunk, decays are formed element by element only within blocks this long
+_GROUP_ELEMENTS = 1 << 26  # bound on the largest temporary of the batched (state-independent) phase
 
 
 def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -62,40 +64,82 @@ def kda_chunked(
     """Many tokens. q, k [B, T, H, d_k], v [B, T, H, d_v], g [B, T, H, d_k], beta [B, T, H]; state as in
     `kda_recurrent_step`. Returns o [B, T, H, d_v].
 
-    Within a chunk, with gamma_t = cumsum(g) and u_s the delta-rule update vectors (v_s - S'_s^T k_s)*beta_s:
-        (I + diag(beta) A) U = diag(beta) (V - (K * exp(gamma)) S0),  A_ts = sum_c k_t k_s exp(gamma_t - gamma_s), s < t
-        O = (Q * exp(gamma)) S0 + M U,                                M_ts = sum_c q_t k_s exp(gamma_t - gamma_s), s <= t
-        S_end = exp(gamma_end) * S0 + (K * exp(gamma_end - gamma))^T U
-    Decays are only ever formed as exp(gamma_t - gamma_s) with s <= t, which is <= 1, so nothing overflows.
+    Within a chunk, with gamma_t = cumsum(g) from the chunk start and S0 the state entering the chunk, the
+    delta-rule update vectors U (rows u_t = beta_t (v_t - S'_t^T k_t)) solve a unit-lower-triangular system:
+        (I + diag(beta) A) U = diag(beta) V - diag(beta) (K * e^gamma) S0,   A_ts = sum_c k_tc k_sc e^(gamma_tc - gamma_sc), s < t
+    so U = U0 - W S0 with U0, W independent of S0 (computed for many chunks at once), and then
+        O     = (Q * e^gamma) S0 + M U,                                    M_ts = sum_c q_tc k_sc e^(gamma_tc - gamma_sc), s <= t
+        S_end = e^gamma_end * S0 + (K * e^(gamma_end - gamma))^T U
+    is all that runs chunk after chunk. Every exponent formed is <= 0, so nothing overflows.
     """
-    q, k, v, g = (x.transpose(1, 2) for x in (q, k, v, g))  # [B, H, T, .]
-    beta = beta.transpose(1, 2)
+    batch, n_tokens, heads, _ = q.shape
+    pad = -n_tokens % chunk_size  # zero tokens (beta = 0, g = 0) leave the state and the real outputs alone
+    q, k, v, g = (F.pad(x.transpose(1, 2), (0, 0, 0, pad)) for x in (q, k, v, g))  # [B, H, T', .]
+    beta = F.pad(beta.transpose(1, 2), (0, pad))
+
+    def chunked(x):
+        return x.unflatten(2, (-1, chunk_size))  # [B, H, N, C, .]
+
+    q, k, v, g, beta = chunked(q), chunked(k), chunked(v), chunked(g), chunked(beta)
+    n_chunks = q.shape[2]
     out = torch.empty_like(v)
     s = state
-    n_tokens = q.shape[2]
-    for start in range(0, n_tokens, chunk_size):
-        end = min(start + chunk_size, n_tokens)
-        qc, kc, vc, bc = q[:, :, start:end], k[:, :, start:end], v[:, :, start:end], beta[:, :, start:end]
-        gamma = g[:, :, start:end].cumsum(-2)
-        n = end - start
-        causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-        decay = (
-            (gamma.unsqueeze(-2) - gamma.unsqueeze(-3))
-            .masked_fill(~causal.unsqueeze(-1), float("-inf"))
-            .exp()
+    # Phase 1 is batched over groups of chunks, sized so its largest temporary stays near _GROUP_ELEMENTS.
+    per_chunk = batch * heads * chunk_size * SUB_CHUNK * q.shape[-1]
+    group = max(1, _GROUP_ELEMENTS // per_chunk)
+    for first in range(0, n_chunks, group):
+        part = slice(first, min(first + group, n_chunks))
+        gamma = g[:, :, part].cumsum(-2)
+        a, m = _intra_chunk_scores(q[:, :, part], k[:, :, part], gamma)
+        bp = beta[:, :, part].unsqueeze(-1)
+        lower = torch.eye(chunk_size, dtype=q.dtype, device=q.device) + bp * a
+        w = torch.linalg.solve_triangular(
+            lower, bp * k[:, :, part] * gamma.exp(), upper=False, unitriangular=True
         )
-        k_decayed = kc.unsqueeze(-3) * decay  # [B, H, t, s, d_k]: k_s * exp(gamma_t - gamma_s)
-        a = (k_decayed * kc.unsqueeze(-2)).sum(-1).tril(-1)
-        m = (k_decayed * qc.unsqueeze(-2)).sum(-1)
-        lower = torch.eye(n, dtype=q.dtype, device=q.device) + bc.unsqueeze(-1) * a
-        growth = gamma.exp()
-        rhs = bc.unsqueeze(-1) * (vc - (kc * growth) @ s)
-        u = torch.linalg.solve_triangular(lower, rhs, upper=False, unitriangular=True)
-        out[:, :, start:end] = (qc * growth) @ s + m @ u
-        tail = (gamma[:, :, -1:] - gamma).exp()
-        s = s * growth[:, :, -1].unsqueeze(-1) + (kc * tail).transpose(-1, -2) @ u
+        u0 = torch.linalg.solve_triangular(lower, bp * v[:, :, part], upper=False, unitriangular=True)
+        q_in = q[:, :, part] * gamma.exp()  # reads the entering state
+        k_out = k[:, :, part] * (gamma[..., -1:, :] - gamma).exp()  # writes the leaving state
+        end_decay = gamma[..., -1, :].exp().unsqueeze(-1)
+        # Phase 2: chunk after chunk.
+        for i, n in enumerate(range(part.start, part.stop)):
+            u = u0[:, :, i] - w[:, :, i] @ s
+            out[:, :, n] = q_in[:, :, i] @ s + m[:, :, i] @ u
+            s = end_decay[:, :, i] * s + k_out[:, :, i].transpose(-1, -2) @ u
     state.copy_(s)
-    return out.transpose(1, 2)
+    return out.flatten(2, 3)[:, :, :n_tokens].transpose(1, 2)
+
+
+def _intra_chunk_scores(
+    q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (strictly lower) and M (lower, with diagonal) of `kda_chunked` for chunks q, k, gamma [..., C, d_k].
+
+    Inside blocks of SUB_CHUNK tokens the decay e^(gamma_t - gamma_s) is formed element by element; between
+    a block and the tokens after it, it factors through the block's last token b as
+    e^(gamma_t - gamma_b) * e^(gamma_b - gamma_s) (both exponents <= 0), so those entries are matmuls.
+    """
+    size = q.shape[-2]
+    a = q.new_zeros(*q.shape[:-1], size)
+    m = q.new_zeros(*q.shape[:-1], size)
+    for start in range(0, size, SUB_CHUNK):
+        block = slice(start, min(start + SUB_CHUNK, size))
+        n = block.stop - start
+        kb, gb = k[..., block, :], gamma[..., block, :]
+        causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril().unsqueeze(-1)
+        decay = (
+            (gb.unsqueeze(-2) - gb.unsqueeze(-3)).masked_fill(~causal, float("-inf")).exp()
+        )  # [.., t, s, d_k]
+        k_decayed = kb.unsqueeze(-3) * decay
+        a[..., block, block] = (k_decayed * kb.unsqueeze(-2)).sum(-1).tril(-1)
+        m[..., block, block] = (k_decayed * q[..., block, :].unsqueeze(-2)).sum(-1)
+        if block.stop < size:
+            later = slice(block.stop, size)
+            boundary = gamma[..., block.stop - 1 : block.stop, :]
+            k_from = (kb * (boundary - gb).exp()).transpose(-1, -2)  # [.., d_k, n]
+            to_later = (gamma[..., later, :] - boundary).exp()
+            a[..., later, block] = (k[..., later, :] * to_later) @ k_from
+            m[..., later, block] = (q[..., later, :] * to_later) @ k_from
+    return a, m
 
 
 class ShortConv(nn.Module):

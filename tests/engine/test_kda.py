@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.model import kda
 from engine.model.cache import KDAState
 from engine.model.kda import kda_chunked, kda_recurrent_step, l2_normalize
 
@@ -48,11 +49,24 @@ def test_chunked_matches_recurrent_in_float64_exactly(rng):
     torch.testing.assert_close(s_chunk, s_rec, atol=1e-11, rtol=0)
 
 
-def test_chunk_size_does_not_change_the_result(rng):
+@pytest.mark.parametrize("chunk_size", [7, 40])  # smaller than one sub-block; not a multiple of it
+def test_chunk_size_does_not_change_the_result(rng, chunk_size):
     q, k, v, g, beta, s0 = random_kda_inputs(rng, tokens=100, dtype=torch.float64)
-    a = kda_chunked(q, k, v, g, beta, s0.clone(), chunk_size=64)
-    b = kda_chunked(q, k, v, g, beta, s0.clone(), chunk_size=7)
+    s64, s_other = s0.clone(), s0.clone()
+    a = kda_chunked(q, k, v, g, beta, s64, chunk_size=64)
+    b = kda_chunked(q, k, v, g, beta, s_other, chunk_size=chunk_size)
     torch.testing.assert_close(a, b, atol=1e-11, rtol=0)
+    torch.testing.assert_close(s64, s_other, atol=1e-11, rtol=0)
+
+
+def test_batched_phase_in_several_groups(rng, monkeypatch):
+    """Long prompts run the state-independent phase in groups of chunks; force several groups."""
+    q, k, v, g, beta, s0 = random_kda_inputs(rng, tokens=200, dtype=torch.float64)
+    s_one, s_groups = s0.clone(), s0.clone()
+    one_group = kda_chunked(q, k, v, g, beta, s_one)
+    monkeypatch.setattr(kda, "_GROUP_ELEMENTS", 1)  # one chunk per group
+    torch.testing.assert_close(kda_chunked(q, k, v, g, beta, s_groups), one_group, atol=1e-11, rtol=0)
+    torch.testing.assert_close(s_groups, s_one, atol=1e-11, rtol=0)
 
 
 def test_recurrence_is_not_trivial(rng):

@@ -14,7 +14,10 @@ import pytest
 import torch
 
 # The checkpoint's config.json has `rope_scaling: null` (as the real one does); transformers warns about the key.
-pytestmark = [pytest.mark.oracle, pytest.mark.filterwarnings("ignore:`rope_scaling` is deprecated:FutureWarning")]
+pytestmark = [
+    pytest.mark.oracle,
+    pytest.mark.filterwarnings("ignore:`rope_scaling` is deprecated:FutureWarning"),
+]
 
 # Stated tolerance: |engine - transformers| <= 1e-4 on every logit (both float32; logits reach ~10).
 ATOL = 1e-4
