@@ -70,7 +70,7 @@ def expert_ffn(
 def _expert_ffn_gathered(x, expert_ids, expert_weights, w1, w3, w2):
     n_tokens, top_k = expert_ids.shape
     ids = expert_ids.reshape(-1)
-    xs = x.repeat_interleave(top_k, dim=0).unsqueeze(-1)  # [N*k, hidden, 1]
+    xs = x.unsqueeze(1).expand(-1, top_k, -1).reshape(-1, x.shape[-1], 1)  # [N*k, hidden, 1]
     hidden = F.silu(torch.bmm(w1[ids], xs)) * torch.bmm(w3[ids], xs)
     out = torch.bmm(w2[ids], hidden).view(n_tokens, top_k, -1)
     return (out.float() * expert_weights.unsqueeze(-1)).sum(1).to(x.dtype)

@@ -37,6 +37,16 @@ def test_prefill_then_decode_matches_reference(tiny_model, reference, rng):
     assert cache.length == 30 and int(cache.position) == 30
 
 
+def test_prefill_in_pieces_matches_one_prefill(tiny_model, rng):
+    """Long prompts can be prefilled piece by piece: each piece continues the cache."""
+    tokens = torch.tensor([random_tokens(rng, 90, tiny_model.config.vocab_size)])
+    whole = tiny_model.prefill(tokens, tiny_model.new_cache(90))
+    cache = tiny_model.new_cache(90)
+    for piece in (tokens[:, :25], tokens[:, 25:89], tokens[:, 89:]):
+        pieces = tiny_model.prefill(piece, cache)
+    torch.testing.assert_close(pieces, whole, atol=2e-5, rtol=0)
+
+
 def test_decode_step_writes_in_place_and_reads_only_device_position(tiny_model, rng):
     tokens = random_tokens(rng, 12, tiny_model.config.vocab_size)
     cache = tiny_model.new_cache(16)
