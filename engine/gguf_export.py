@@ -139,7 +139,7 @@ def _check_exportable(cfg: KimiLinearConfig, tokenizer: Tokenizer) -> None:
         )
 
 
-def _add_metadata(w: gguf.GGUFWriter, cfg: KimiLinearConfig, name: str) -> None:
+def _add_metadata(w: gguf.GGUFWriter, cfg: KimiLinearConfig, name: str, dtype: str) -> None:
     w.add_name(name)
     w.add_context_length(1_048_576)
     w.add_embedding_length(cfg.hidden_size)
@@ -166,7 +166,7 @@ def _add_metadata(w: gguf.GGUFWriter, cfg: KimiLinearConfig, name: str) -> None:
     w.add_expert_weights_scale(cfg.routed_scaling_factor)
     w.add_expert_weights_norm(True)
     w.add_leading_dense_block_count(cfg.first_k_dense_replace)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
 
 
 def _add_byte_level_vocab(w: gguf.GGUFWriter, cfg: KimiLinearConfig, tokenizer: Tokenizer) -> None:
@@ -206,7 +206,7 @@ def export_gguf(
         return torch.float32 if entry.keep_f32 else out_dtype
 
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.KIMI_LINEAR])
-    _add_metadata(writer, cfg, Path(checkpoint_dir).name)
+    _add_metadata(writer, cfg, Path(checkpoint_dir).name, dtype)
     _add_byte_level_vocab(writer, cfg, tokenizer)
     for entry in entries:  # shapes first, from meta tensors: nothing is read yet
         meta = [torch.empty(checkpoint.specs[s].shape, device="meta") for s in entry.sources]
