@@ -42,7 +42,7 @@ class _Entry:
     name: str  # GGUF tensor name
     sources: tuple[str, ...]  # checkpoint tensor names
     convert: Callable[..., torch.Tensor]  # sources -> tensor in GGUF (numpy) shape
-    keep_f32: bool = False  # vectors, decay parameters and convolutions stay F32 whatever the dtype
+    keep_f32: bool = False  # as llama.cpp's converter: norms, vectors, decay, convolutions, router stay F32
 
 
 def _identity(t: torch.Tensor) -> torch.Tensor:
@@ -71,12 +71,16 @@ def _entries(cfg: KimiLinearConfig) -> list[_Entry]:
                 one(MT.ATTN_Q, a + "q_proj.weight"),
                 one(MT.ATTN_KV_A_MQA, a + "kv_a_proj_with_mqa.weight"),
                 one(MT.ATTN_KV_A_NORM, a + "kv_a_layernorm.weight", keep_f32=True),
+                # F32 even in F16 files: llama.cpp's CPU backend cannot run its F16 absorbed-MLA matmuls.
                 one(
                     MT.ATTN_K_B,
                     a + "kv_b_proj.weight",
-                    lambda w, s=per_head, d=nope: w.view(s)[:, :d].transpose(1, 2),
+                    lambda w, s=per_head, d=nope: w.view(s)[:, :d].mT,
+                    True,
                 ),
-                one(MT.ATTN_V_B, a + "kv_b_proj.weight", lambda w, s=per_head, d=nope: w.view(s)[:, d:]),
+                one(
+                    MT.ATTN_V_B, a + "kv_b_proj.weight", lambda w, s=per_head, d=nope: w.view(s)[:, d:], True
+                ),
                 one(MT.ATTN_OUT, a + "o_proj.weight"),
             ]
         else:
@@ -101,7 +105,7 @@ def _entries(cfg: KimiLinearConfig) -> list[_Entry]:
         if cfg.is_moe_layer(i):
             m = p + "block_sparse_moe."
             entries += [
-                one(MT.FFN_GATE_INP, m + "gate.weight"),
+                one(MT.FFN_GATE_INP, m + "gate.weight", keep_f32=True),
                 one(MT.FFN_EXP_PROBS_B, m + "gate.e_score_correction_bias", keep_f32=True, suffix="bias"),
             ]
             for kind, proj in ((MT.FFN_GATE_EXP, "w1"), (MT.FFN_UP_EXP, "w3"), (MT.FFN_DOWN_EXP, "w2")):
@@ -242,7 +246,7 @@ def _read(shard: Path, name: str) -> torch.Tensor:
     type=click.Choice(sorted(_OUTPUT_DTYPES)),
     default="f32",
     show_default=True,
-    help="Storage type of the matrices (norms, decay parameters and convolutions stay F32).",
+    help="Storage type of the matrices (norms, router, decay parameters and convolutions stay F32).",
 )
 def export_gguf_command(checkpoint: Path, out: Path, dtype: str) -> None:
     """Export CHECKPOINT (a synthetic checkpoint directory) to a llama.cpp GGUF file (arch kimi-linear)."""

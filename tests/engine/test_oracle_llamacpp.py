@@ -68,3 +68,19 @@ def test_greedy_tokens_identical(llama, tiny_model):
         llama.eval([nxt])
     assert len(set(ours)) >= 3
     assert ours == theirs
+
+
+def test_f16_export_runs_in_llamacpp(tiny_dir, tiny_model, tmp_path, rng):
+    """The F16 file (what llama-quantize starts from for speed runs) loads and runs; its weights are
+    rounded to F16, so the tolerance is loose: 0.05 on logits of magnitude ~10."""
+    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    path = export_gguf(tiny_dir, tmp_path / "tiny-f16.gguf", dtype="f16")
+    f32 = llama_cpp.GGML_TYPE_F32
+    model = llama_cpp.Llama(
+        model_path=str(path), n_ctx=64, n_threads=1, logits_all=True, type_k=f32, type_v=f32, verbose=False
+    )
+    tokens = torch.randint(0, tiny_model.config.vocab_size, (1, 30), generator=rng)
+    model.eval(tokens[0].tolist())
+    theirs = np.array(model.scores[:30])
+    model.close()
+    np.testing.assert_allclose(theirs, tiny_model(tokens)[0].numpy(), atol=0.05, rtol=0)
