@@ -21,7 +21,6 @@ import click
 import gguf
 import numpy as np
 import torch
-from safetensors import safe_open
 
 from engine.model.checkpoint_spec import expert_tensor_name, layer_prefix
 from engine.model.config import KimiLinearConfig
@@ -203,7 +202,6 @@ def export_gguf(
     tokenizer = Tokenizer.from_dir(checkpoint_dir)
     _check_exportable(cfg, tokenizer)
     entries = _entries(cfg)
-    shard_of = {name: shard for shard, names in checkpoint.shards.items() for name in names}
     out_dtype = _OUTPUT_DTYPES[dtype]
 
     def target_dtype(entry: _Entry) -> torch.dtype:
@@ -224,16 +222,11 @@ def export_gguf(
     root = Path(checkpoint_dir)
     with progress_bar(entries, label=f"exporting {root.name}", show=progress) as bar:
         for entry in bar:
-            sources = [_read(root / shard_of[s], s) for s in entry.sources]
+            sources = [checkpoint.read(s) for s in entry.sources]
             data = entry.convert(*(t.float() for t in sources)).to(target_dtype(entry)).contiguous()
             writer.write_tensor_data(data.numpy())
     writer.close()
     return Path(out)
-
-
-def _read(shard: Path, name: str) -> torch.Tensor:
-    with safe_open(str(shard), framework="pt") as f:
-        return f.get_tensor(name)
 
 
 @click.command("export-gguf")

@@ -8,10 +8,10 @@ straight into the model's parameters on the target device.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,11 +33,11 @@ class CheckpointError(ValueError):
     """A checkpoint that does not match its config: missing, unexpected or mis-shaped tensors."""
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Checkpoint:
     path: Path
     config: KimiLinearConfig
-    shards: dict[str, list[str]]  # shard file name -> tensor names in it
+    weight_map: dict[str, str]  # tensor name -> shard file name
     specs: dict[str, TensorSpec]
     synthetic: dict | None  # the synthetic marker's contents, or None for a real checkpoint
 
@@ -57,18 +57,30 @@ class Checkpoint:
             raise CheckpointError(
                 f"{path}: {len(unexpected)} unexpected tensor(s) for this config, e.g. {', '.join(unexpected[:5])}"
             )
-        shards: dict[str, list[str]] = {}
-        for name, shard in weight_map.items():
-            shards.setdefault(shard, []).append(name)
-        for shard, names in shards.items():
+        checkpoint = cls(path=path, config=config, weight_map=weight_map, specs=specs, synthetic=None)
+        for shard, names in checkpoint.shards.items():
             _check_shard(path / shard, names, specs)
         marker = path / SYNTHETIC_MARKER
-        synthetic = json.loads(marker.read_text()) if marker.exists() else None
-        return cls(path=path, config=config, shards=shards, specs=specs, synthetic=synthetic)
+        if marker.exists():
+            return dataclasses.replace(checkpoint, synthetic=json.loads(marker.read_text()))
+        return checkpoint
+
+    @property
+    def shards(self) -> dict[str, list[str]]:
+        """Shard file name -> the tensor names it holds."""
+        out: dict[str, list[str]] = {}
+        for name, shard in self.weight_map.items():
+            out.setdefault(shard, []).append(name)
+        return out
 
     @property
     def total_bytes(self) -> int:
         return sum(s.nbytes for s in self.specs.values())
+
+    def read(self, name: str) -> torch.Tensor:
+        """One tensor by name (CPU, checkpoint dtype), for random access."""
+        with safe_open(str(self.path / self.weight_map[name]), framework="pt", device="cpu") as f:
+            return f.get_tensor(name)
 
     def tensors(self, *, progress: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (name, CPU tensor in its checkpoint dtype), one shard open at a time."""
