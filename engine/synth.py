@@ -176,7 +176,9 @@ def _describe_plan(config: KimiLinearConfig, shards: list[list[TensorSpec]]) -> 
     "--out", type=click.Path(file_okay=False, path_type=Path), help="Checkpoint directory to create."
 )
 @click.option(
-    "--shard-size-mb", type=int, help="Maximum shard size in MB (default: 4 GiB, at least 2 shards)."
+    "--shard-size-mb",
+    type=click.IntRange(min=1),
+    help="Maximum shard size in MB (default: 4 GiB, at least 2 shards).",
 )
 @click.option("--dry-run", is_flag=True, help="Print the tensor/shard plan without writing anything.")
 def synth_command(
