@@ -1,0 +1,207 @@
+"""Kimi Delta Attention (KDA): gated delta rule with a per-channel decay, plus its short convolutions.
+
+Per head, with state S [d_k, d_v] and per-token decay g (log space, <= 0, one value per key channel):
+    S' = diag(exp(g_t)) S
+    S  = S' + beta_t * k_t (v_t - S'^T k_t)^T
+    o_t = S^T q_t / sqrt(d_k)
+`kda_recurrent_step` runs that for one token (decode); `kda_chunked` computes the same thing 64 tokens at a
+time (prefill). Both work in FP32 and update the state in place.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.model.cache import KDAState
+from engine.model.config import KimiLinearConfig
+from engine.model.linear import Linear
+from engine.model.norm import GatedRMSNorm
+
+CHUNK_SIZE = 64
+SUB_CHUNK = 16  # inside a chunk, decays are formed element by element only within blocks this long
+_GROUP_ELEMENTS = 1 << 26  # bound on the largest temporary of the batched (state-independent) phase
+
+
+def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last axis (fla's in-kernel q/k normalisation, not F.normalize)."""
+    return x / torch.sqrt(x.pow(2).sum(-1, keepdim=True) + eps)
+
+
+def kda_decay(f: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """g = -exp(A_log[h]) * softplus(f + dt_bias), FP32, shape [..., H, d_k]."""
+    x = (f.float() + dt_bias.float()).unflatten(-1, (num_heads, -1))
+    return -torch.exp(a_log.float().reshape(num_heads, 1)) * F.softplus(x)
+
+
+def kda_recurrent_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> torch.Tensor:
+    """One token. q, k [B, H, d_k] (normalised, q already scaled), v [B, H, d_v], g [B, H, d_k],
+    beta [B, H]; state [B, H, d_k, d_v] FP32, updated in place. Returns o [B, H, d_v]."""
+    state.mul_(g.exp().unsqueeze(-1))
+    prediction = (k.unsqueeze(-2) @ state).squeeze(-2)
+    delta = beta.unsqueeze(-1) * (v - prediction)
+    state.add_(k.unsqueeze(-1) * delta.unsqueeze(-2))
+    return (q.unsqueeze(-2) @ state).squeeze(-2)
+
+
+def kda_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    chunk_size: int = CHUNK_SIZE,
+) -> torch.Tensor:
+    """Many tokens. q, k [B, T, H, d_k], v [B, T, H, d_v], g [B, T, H, d_k], beta [B, T, H]; state as in
+    `kda_recurrent_step`. Returns o [B, T, H, d_v].
+
+    Within a chunk, with gamma_t = cumsum(g) from the chunk start and S0 the state entering the chunk, the
+    delta-rule update vectors U (rows u_t = beta_t (v_t - S'_t^T k_t)) solve a unit-lower-triangular system:
+        (I + diag(beta) A) U = diag(beta) V - diag(beta) (K * e^gamma) S0,   A_ts = sum_c k_tc k_sc e^(gamma_tc - gamma_sc), s < t
+    so U = U0 - W S0 with U0, W independent of S0 (computed for many chunks at once), and then
+        O     = (Q * e^gamma) S0 + M U,                                    M_ts = sum_c q_tc k_sc e^(gamma_tc - gamma_sc), s <= t
+        S_end = e^gamma_end * S0 + (K * e^(gamma_end - gamma))^T U
+    is all that runs chunk after chunk. Every exponent formed is <= 0, so nothing overflows.
+    """
+    batch, n_tokens, heads, _ = q.shape
+    pad = -n_tokens % chunk_size  # zero tokens (beta = 0, g = 0) leave the state and the real outputs alone
+    q, k, v, g = (F.pad(x.transpose(1, 2), (0, 0, 0, pad)) for x in (q, k, v, g))  # [B, H, T', .]
+    beta = F.pad(beta.transpose(1, 2), (0, pad))
+
+    def chunked(x):
+        return x.unflatten(2, (-1, chunk_size))  # [B, H, N, C, .]
+
+    q, k, v, g, beta = chunked(q), chunked(k), chunked(v), chunked(g), chunked(beta)
+    n_chunks = q.shape[2]
+    out = torch.empty_like(v)
+    s = state
+    # Phase 1 is batched over groups of chunks, sized so its largest temporary stays near _GROUP_ELEMENTS.
+    per_chunk = batch * heads * chunk_size * SUB_CHUNK * q.shape[-1]
+    group = max(1, _GROUP_ELEMENTS // per_chunk)
+    for first in range(0, n_chunks, group):
+        part = slice(first, min(first + group, n_chunks))
+        gamma = g[:, :, part].cumsum(-2)
+        a, m = _intra_chunk_scores(q[:, :, part], k[:, :, part], gamma)
+        bp = beta[:, :, part].unsqueeze(-1)
+        lower = torch.eye(chunk_size, dtype=q.dtype, device=q.device) + bp * a
+        w = torch.linalg.solve_triangular(
+            lower, bp * k[:, :, part] * gamma.exp(), upper=False, unitriangular=True
+        )
+        u0 = torch.linalg.solve_triangular(lower, bp * v[:, :, part], upper=False, unitriangular=True)
+        q_in = q[:, :, part] * gamma.exp()  # reads the entering state
+        k_out = k[:, :, part] * (gamma[..., -1:, :] - gamma).exp()  # writes the leaving state
+        end_decay = gamma[..., -1, :].exp().unsqueeze(-1)
+        # Phase 2: chunk after chunk.
+        for i, n in enumerate(range(part.start, part.stop)):
+            u = u0[:, :, i] - w[:, :, i] @ s
+            out[:, :, n] = q_in[:, :, i] @ s + m[:, :, i] @ u
+            s = end_decay[:, :, i] * s + k_out[:, :, i].transpose(-1, -2) @ u
+    state.copy_(s)
+    return out.flatten(2, 3)[:, :, :n_tokens].transpose(1, 2)
+
+
+def _intra_chunk_scores(
+    q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (strictly lower) and M (lower, with diagonal) of `kda_chunked` for chunks q, k, gamma [..., C, d_k].
+
+    Inside blocks of SUB_CHUNK tokens the decay e^(gamma_t - gamma_s) is formed element by element; between
+    a block and the tokens after it, it factors through the block's last token b as
+    e^(gamma_t - gamma_b) * e^(gamma_b - gamma_s) (both exponents <= 0), so those entries are matmuls.
+    """
+    size = q.shape[-2]
+    a = q.new_zeros(*q.shape[:-1], size)
+    m = q.new_zeros(*q.shape[:-1], size)
+    for start in range(0, size, SUB_CHUNK):
+        block = slice(start, min(start + SUB_CHUNK, size))
+        n = block.stop - start
+        kb, gb = k[..., block, :], gamma[..., block, :]
+        causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril().unsqueeze(-1)
+        decay = (
+            (gb.unsqueeze(-2) - gb.unsqueeze(-3)).masked_fill(~causal, float("-inf")).exp()
+        )  # [.., t, s, d_k]
+        k_decayed = kb.unsqueeze(-3) * decay
+        a[..., block, block] = (k_decayed * kb.unsqueeze(-2)).sum(-1).tril(-1)
+        m[..., block, block] = (k_decayed * q[..., block, :].unsqueeze(-2)).sum(-1)
+        if block.stop < size:
+            later = slice(block.stop, size)
+            boundary = gamma[..., block.stop - 1 : block.stop, :]
+            k_from = (kb * (boundary - gb).exp()).transpose(-1, -2)  # [.., d_k, n]
+            to_later = (gamma[..., later, :] - boundary).exp()
+            a[..., later, block] = (k[..., later, :] * to_later) @ k_from
+            m[..., later, block] = (q[..., later, :] * to_later) @ k_from
+    return a, m
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise convolution over time followed by SiLU; `weight` is [D, 1, K] as in the checkpoint."""
+
+    def __init__(self, dim: int, kernel_size: int, *, dtype=None, device=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(dim, 1, kernel_size, dtype=dtype, device=device))
+
+    def forward(self, x: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
+        """x [B, T, D]; window [B, D, K-1] holds the previous K-1 inputs and is updated in place."""
+        seq = torch.cat([window.to(x.dtype), x.transpose(1, 2)], dim=-1)
+        window.copy_(seq[..., seq.shape[-1] - window.shape[-1] :])
+        y = F.conv1d(seq, self.weight.to(x.dtype), groups=seq.shape[1])
+        return F.silu(y).transpose(1, 2)
+
+
+class KimiDeltaAttention(nn.Module):
+    def __init__(self, cfg: KimiLinearConfig, *, dtype=None, device=None):
+        super().__init__()
+        self.cfg = cfg
+        h, d, hd, nh = cfg.hidden_size, cfg.kda_dim, cfg.kda_head_dim, cfg.kda_num_heads
+        kw = {"dtype": dtype, "device": device}
+        self.q_proj = Linear(h, d, **kw)
+        self.k_proj = Linear(h, d, **kw)
+        self.v_proj = Linear(h, d, **kw)
+        self.q_conv1d = ShortConv(d, cfg.conv_kernel_size, **kw)
+        self.k_conv1d = ShortConv(d, cfg.conv_kernel_size, **kw)
+        self.v_conv1d = ShortConv(d, cfg.conv_kernel_size, **kw)
+        self.f_a_proj = Linear(h, hd, **kw)
+        self.f_b_proj = Linear(hd, d, **kw)
+        self.A_log = nn.Parameter(torch.empty(1, 1, nh, 1, dtype=torch.float32, device=device))
+        self.dt_bias = nn.Parameter(torch.empty(d, dtype=torch.float32, device=device))
+        self.b_proj = Linear(h, nh, **kw)
+        self.g_a_proj = Linear(h, hd, **kw)
+        self.g_b_proj = Linear(hd, d, **kw)
+        self.o_norm = GatedRMSNorm(hd, cfg.rms_norm_eps, **kw)
+        self.o_proj = Linear(d, h, **kw)
+
+    def forward(self, x: torch.Tensor, state: KDAState | None) -> torch.Tensor:
+        """x [B, T, hidden]. With a state, continue from it and update it; without, start from zeros.
+        A single token takes the recurrent step, several tokens the chunked form."""
+        cfg = self.cfg
+        batch, n_tokens, _ = x.shape
+        nh = cfg.kda_num_heads
+        if state is None:
+            conv = x.new_zeros(batch, 3, cfg.kda_dim, cfg.conv_kernel_size - 1)
+            recurrent = x.new_zeros(batch, nh, cfg.kda_head_dim, cfg.kda_head_dim, dtype=torch.float32)
+        else:
+            conv, recurrent = state.conv, state.recurrent
+        q = self.q_conv1d(self.q_proj(x), conv[:, 0])
+        k = self.k_conv1d(self.k_proj(x), conv[:, 1])
+        v = self.v_conv1d(self.v_proj(x), conv[:, 2])
+        g = kda_decay(self.f_b_proj(self.f_a_proj(x)), self.A_log, self.dt_bias, nh)
+        beta = torch.sigmoid(self.b_proj(x).float())
+        eps = cfg.kda_l2norm_eps
+        q = l2_normalize(q.float().unflatten(-1, (nh, -1)), eps) * cfg.kda_head_dim**-0.5
+        k = l2_normalize(k.float().unflatten(-1, (nh, -1)), eps)
+        v = v.float().unflatten(-1, (nh, -1))
+        if n_tokens == 1:
+            o = kda_recurrent_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], recurrent).unsqueeze(1)
+        else:
+            o = kda_chunked(q, k, v, g, beta, recurrent)
+        gate = self.g_b_proj(self.g_a_proj(x)).unflatten(-1, (nh, -1))
+        return self.o_proj(self.o_norm(o, gate).flatten(-2))

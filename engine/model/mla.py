@@ -1,0 +1,89 @@
+"""Multi-head latent attention without positional encoding (Kimi-Linear's full-attention layers).
+
+Per token: q = q_proj(x) -> per head [q_nope | q_pe]; c = kv_a_proj_with_mqa(x) -> [latent | k_pe];
+the latent is RMS-normalised and expanded by kv_b_proj into per-head [k_nope | v]; each head's key is
+[k_nope | k_pe] with k_pe shared by all heads. No rotary transform is applied anywhere.
+
+Only [normalised latent | k_pe] is cached. Prefill expands the cached latents and runs ordinary causal
+attention (`scaled_dot_product_attention`); decode folds kv_b_proj into the query and the output instead
+(weight absorption) and attends in the latent space, so it never expands the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.model.cache import MLAState
+from engine.model.config import KimiLinearConfig
+from engine.model.linear import Linear
+from engine.model.norm import RMSNorm
+
+
+class MultiheadLatentAttention(nn.Module):
+    def __init__(self, cfg: KimiLinearConfig, *, dtype=None, device=None):
+        super().__init__()
+        self.cfg = cfg
+        kw = {"dtype": dtype, "device": device}
+        h, n = cfg.hidden_size, cfg.num_attention_heads
+        self.q_proj = Linear(h, n * cfg.qk_head_dim, **kw)
+        self.kv_a_proj_with_mqa = Linear(h, cfg.kv_lora_rank + cfg.qk_rope_head_dim, **kw)
+        self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.mla_latent_norm_eps, **kw)
+        self.kv_b_proj = Linear(cfg.kv_lora_rank, n * (cfg.qk_nope_head_dim + cfg.v_head_dim), **kw)
+        self.o_proj = Linear(n * cfg.v_head_dim, h, **kw)
+        self.scale = cfg.qk_head_dim**-0.5
+
+    def compress(self, x: torch.Tensor) -> torch.Tensor:
+        """The per-token cache entry [normalised latent | k_pe], shape [..., kv_lora_rank + rope]."""
+        c = self.kv_a_proj_with_mqa(x)
+        latent, k_pe = c.split([self.cfg.kv_lora_rank, self.cfg.qk_rope_head_dim], dim=-1)
+        return torch.cat([self.kv_a_layernorm(latent), k_pe], dim=-1)
+
+    def forward(self, x: torch.Tensor, state: MLAState | None, start: int = 0) -> torch.Tensor:
+        """Plain attention for x [B, T, hidden] at positions start..start+T-1. With a state, the new
+        entries are written at those positions and the queries attend to everything cached before them."""
+        cfg = self.cfg
+        batch, n_tokens, _ = x.shape
+        n = cfg.num_attention_heads
+        q = self.q_proj(x).view(batch, n_tokens, n, cfg.qk_head_dim).transpose(1, 2)
+        entries = self.compress(x)
+        if state is None:
+            if start:
+                raise ValueError("a start position needs a cache")
+            kv = entries
+        else:
+            state.kv[:, start : start + n_tokens] = entries
+            kv = state.kv[:, : start + n_tokens]
+        n_keys = kv.shape[1]
+        latent, k_pe = kv.split([cfg.kv_lora_rank, cfg.qk_rope_head_dim], dim=-1)
+        expanded = self.kv_b_proj(latent).view(batch, n_keys, n, cfg.qk_nope_head_dim + cfg.v_head_dim)
+        k_nope, v = expanded.transpose(1, 2).split([cfg.qk_nope_head_dim, cfg.v_head_dim], dim=-1)
+        k = torch.cat([k_nope, k_pe.unsqueeze(1).expand(batch, n, n_keys, cfg.qk_rope_head_dim)], dim=-1)
+        if start == 0:
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale)
+        else:  # queries sit at the end of the key range: query i sees keys 0..start+i
+            allowed = torch.ones(n_tokens, n_keys, dtype=torch.bool, device=x.device).tril(start)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.scale)
+        return self.o_proj(o.transpose(1, 2).reshape(batch, n_tokens, n * cfg.v_head_dim))
+
+    def decode(
+        self, x: torch.Tensor, state: MLAState, position: torch.Tensor, slots: torch.Tensor
+    ) -> torch.Tensor:
+        """Absorbed attention for one token x [B, 1, hidden] written at device index `position` [1];
+        attends over all `max_len` slots with those after `position` masked (static shapes)."""
+        cfg = self.cfg
+        batch = x.shape[0]
+        n, nope = cfg.num_attention_heads, cfg.qk_nope_head_dim
+        q = self.q_proj(x).view(batch, n, cfg.qk_head_dim)
+        state.kv.index_copy_(1, position, self.compress(x))
+        w = self.kv_b_proj.dense_weight().view(n, nope + cfg.v_head_dim, cfg.kv_lora_rank)
+        w_k, w_v = w[:, :nope], w[:, nope:]  # [H, nope, L], [H, v, L]
+        q_latent = torch.einsum("bhn,hnl->bhl", q[..., :nope], w_k)
+        q_cat = torch.cat([q_latent, q[..., nope:]], dim=-1)  # [B, H, L + rope]
+        scores = (q_cat @ state.kv.transpose(1, 2)).float() * self.scale  # [B, H, max_len]
+        scores = scores.masked_fill(slots > position, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(state.kv.dtype)
+        context = probs @ state.latent  # [B, H, L]
+        o = torch.einsum("bhl,hvl->bhv", context, w_v)
+        return self.o_proj(o.reshape(batch, 1, n * cfg.v_head_dim))

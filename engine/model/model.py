@@ -1,0 +1,129 @@
+"""The whole causal LM. Module and parameter names mirror the checkpoint's tensor names, except that each
+layer's routed experts are stacked into `block_sparse_moe.experts.{w1,w2,w3}`."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.model.cache import KDAState, MLAState, SequenceCache
+from engine.model.config import KimiLinearConfig
+from engine.model.kda import KimiDeltaAttention
+from engine.model.linear import Linear
+from engine.model.mla import MultiheadLatentAttention
+from engine.model.mlp import MLP
+from engine.model.moe import SparseMoE
+from engine.model.norm import RMSNorm
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: h += attn(norm(h)); h += ffn(norm(h)). The FFN is called `mlp` (dense) or
+    `block_sparse_moe` (MoE), as in the checkpoint."""
+
+    def __init__(self, cfg: KimiLinearConfig, index: int, *, dtype=None, device=None):
+        super().__init__()
+        kw = {"dtype": dtype, "device": device}
+        self.is_mla = cfg.is_mla_layer(index)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
+        self.self_attn = MultiheadLatentAttention(cfg, **kw) if self.is_mla else KimiDeltaAttention(cfg, **kw)
+        if cfg.is_moe_layer(index):
+            self.block_sparse_moe = SparseMoE(cfg, **kw)
+        else:
+            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, **kw)
+
+    @property
+    def ffn(self) -> nn.Module:
+        return self.block_sparse_moe if hasattr(self, "block_sparse_moe") else self.mlp
+
+    def forward(self, x: torch.Tensor, state: KDAState | MLAState | None, start: int) -> torch.Tensor:
+        normed = self.input_layernorm(x)
+        x = x + (self.self_attn(normed, state, start) if self.is_mla else self.self_attn(normed, state))
+        return x + self.ffn(self.post_attention_layernorm(x))
+
+    def decode(self, x: torch.Tensor, state: KDAState | MLAState, cache: SequenceCache) -> torch.Tensor:
+        normed = self.input_layernorm(x)
+        if self.is_mla:
+            x = x + self.self_attn.decode(normed, state, cache.position, cache.slots)
+        else:
+            x = x + self.self_attn(normed, state)
+        return x + self.ffn(self.post_attention_layernorm(x))
+
+
+class KimiLinearModel(nn.Module):
+    def __init__(self, cfg: KimiLinearConfig, *, dtype=None, device=None):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(
+            DecoderLayer(cfg, i, dtype=dtype, device=device) for i in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
+
+
+class KimiLinearForCausalLM(nn.Module):
+    """Inference-only Kimi-Linear.
+
+    - `forward(token_ids)`: logits for every position of a fresh sequence (no cache), for scoring/tests.
+    - `prefill(token_ids, cache)`: append tokens to the cache; logits of the last position only.
+    - `decode_step(token_ids, cache)`: one token per sequence; writes only into preallocated cache
+      buffers, reads its position from the device, no host sync (CUDA-graph capturable).
+    """
+
+    def __init__(self, cfg: KimiLinearConfig, *, dtype: torch.dtype = torch.float32, device=None):
+        super().__init__()
+        self.config = cfg
+        self.model = KimiLinearModel(cfg, dtype=dtype, device=device)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype, device=device)
+        self.requires_grad_(False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.lm_head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.lm_head.weight.device
+
+    def new_cache(self, max_len: int, *, batch_size: int = 1) -> SequenceCache:
+        return SequenceCache(
+            self.config, max_len, batch_size=batch_size, device=self.device, dtype=self.dtype
+        )
+
+    def _layers(self, x: torch.Tensor, cache: SequenceCache | None) -> torch.Tensor:
+        start = 0 if cache is None else cache.length
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, None if cache is None else cache.layers[i], start)
+        return self.model.norm(x)
+
+    @torch.no_grad()
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """token_ids [B, T] -> logits [B, T, vocab]."""
+        return self.lm_head(self._layers(self.model.embed_tokens(token_ids), None))
+
+    @torch.no_grad()
+    def prefill(self, token_ids: torch.Tensor, cache: SequenceCache) -> torch.Tensor:
+        """token_ids [B, T] appended after the cache's current length -> logits [B, vocab] of the last one."""
+        _check_batch(token_ids, cache)
+        cache.check_room(token_ids.shape[1])
+        hidden = self._layers(self.model.embed_tokens(token_ids), cache)
+        cache.position.add_(token_ids.shape[1])
+        cache.advance(token_ids.shape[1])
+        return self.lm_head(hidden[:, -1])
+
+    @torch.no_grad()
+    def decode_step(self, token_ids: torch.Tensor, cache: SequenceCache) -> torch.Tensor:
+        """token_ids [B] (one new token per sequence) -> logits [B, vocab]."""
+        x = self.model.embed_tokens(token_ids.view(-1, 1))
+        _check_batch(x, cache)
+        cache.check_room(1)
+        for layer, state in zip(self.model.layers, cache.layers, strict=True):
+            x = layer.decode(x, state, cache)
+        logits = self.lm_head(self.model.norm(x[:, 0]))
+        cache.position.add_(1)
+        cache.advance(1)
+        return logits
+
+
+def _check_batch(t: torch.Tensor, cache: SequenceCache) -> None:
+    if t.shape[0] != cache.batch_size:
+        raise ValueError(f"batch of {t.shape[0]} sequences for a cache of {cache.batch_size}")

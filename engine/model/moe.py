@@ -1,0 +1,130 @@
+"""Mixture of experts: sigmoid router with a selection-only correction bias, stacked experts, shared expert.
+
+Routing (transformers' KimiLinearTopkRouter, vLLM, llama.cpp and DeepSeek-V3's gate agree; see
+docs/ENGINE.md for Moonshot's remote code, which differs):
+    scores  = sigmoid(x @ W_gate^T)                 (FP32)
+    chosen  = top-k of (scores + e_score_correction_bias)
+    weights = scores[chosen] / (sum + 1e-20) * routed_scaling_factor
+    out     = sum_j weights_j * expert_j(x) + shared_expert(x)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.model.config import KimiLinearConfig
+from engine.model.mlp import MLP
+
+
+class Router(nn.Module):
+    """Checkpoint names `gate.weight` and `gate.e_score_correction_bias`; both kept in FP32."""
+
+    def __init__(self, cfg: KimiLinearConfig, *, device=None):
+        super().__init__()
+        self.top_k = cfg.num_experts_per_token
+        self.renormalize = cfg.moe_renormalize
+        self.scaling = cfg.routed_scaling_factor
+        self.weight = nn.Parameter(
+            torch.empty(cfg.num_experts, cfg.hidden_size, dtype=torch.float32, device=device)
+        )
+        self.e_score_correction_bias = nn.Parameter(
+            torch.empty(cfg.num_experts, dtype=torch.float32, device=device)
+        )
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [N, hidden] -> (expert_weights [N, k] FP32, expert_ids [N, k] int64)."""
+        scores = torch.sigmoid(F.linear(x.float(), self.weight))
+        expert_ids = torch.topk(scores + self.e_score_correction_bias, self.top_k, dim=-1).indices
+        weights = scores.gather(-1, expert_ids)
+        if self.renormalize:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        return weights * self.scaling, expert_ids
+
+
+def expert_ffn(
+    x: torch.Tensor,
+    expert_ids: torch.Tensor,
+    expert_weights: torch.Tensor,
+    w1: torch.Tensor,
+    w3: torch.Tensor,
+    w2: torch.Tensor,
+) -> torch.Tensor:
+    """sum_j expert_weights[n, j] * w2[e](silu(w1[e] x_n) * w3[e] x_n), e = expert_ids[n, j].
+
+    x [N, hidden]; expert_ids / expert_weights [N, k]; w1, w3 [E, inter, hidden]; w2 [E, hidden, inter].
+    Returns [N, hidden] in x's dtype, accumulated in FP32. This is the one function an alternative expert
+    kernel replaces.
+
+    Few assignments (decode): gather the chosen experts' weights and run batched matmuls; shapes depend
+    only on N and k, so the step is CUDA-graph capturable. Many assignments (prefill): sort assignments
+    by expert and run one matmul per expert that has tokens.
+    """
+    n_tokens, top_k = expert_ids.shape
+    if n_tokens * top_k < w1.shape[0]:
+        return _expert_ffn_gathered(x, expert_ids, expert_weights, w1, w3, w2)
+    return _expert_ffn_grouped(x, expert_ids, expert_weights, w1, w3, w2)
+
+
+def _expert_ffn_gathered(x, expert_ids, expert_weights, w1, w3, w2):
+    n_tokens, top_k = expert_ids.shape
+    ids = expert_ids.reshape(-1)
+    xs = x.unsqueeze(1).expand(-1, top_k, -1).reshape(-1, x.shape[-1], 1)  # [N*k, hidden, 1]
+    hidden = F.silu(torch.bmm(w1[ids], xs)) * torch.bmm(w3[ids], xs)
+    out = torch.bmm(w2[ids], hidden).view(n_tokens, top_k, -1)
+    return (out.float() * expert_weights.unsqueeze(-1)).sum(1).to(x.dtype)
+
+
+def _expert_ffn_grouped(x, expert_ids, expert_weights, w1, w3, w2):
+    n_tokens, top_k = expert_ids.shape
+    flat_ids = expert_ids.reshape(-1)
+    order = torch.argsort(flat_ids, stable=True)
+    token_of = order // top_k
+    counts = torch.bincount(flat_ids, minlength=w1.shape[0]).tolist()
+    xs = x[token_of]
+    out = torch.empty(order.numel(), x.shape[-1], dtype=torch.float32, device=x.device)
+    begin = 0
+    for expert, count in enumerate(counts):
+        if count:
+            rows = xs[begin : begin + count]
+            hidden = F.silu(F.linear(rows, w1[expert])) * F.linear(rows, w3[expert])
+            out[begin : begin + count] = F.linear(hidden, w2[expert]).float()
+            begin += count
+    out *= expert_weights.reshape(-1)[order].unsqueeze(-1)
+    total = torch.zeros(n_tokens, x.shape[-1], dtype=torch.float32, device=x.device)
+    return total.index_add_(0, token_of, out).to(x.dtype)
+
+
+class ExpertBank(nn.Module):
+    """All routed experts of one layer, stacked: w1 (gate) and w3 (up) [E, inter, hidden], w2 (down)
+    [E, hidden, inter]. Checkpoint tensor `experts.{e}.w1.weight` is `w1[e]`."""
+
+    def __init__(self, cfg: KimiLinearConfig, *, dtype=None, device=None):
+        super().__init__()
+        e, h, i = cfg.num_experts, cfg.hidden_size, cfg.moe_intermediate_size
+        self.w1 = nn.Parameter(torch.empty(e, i, h, dtype=dtype, device=device))
+        self.w3 = nn.Parameter(torch.empty(e, i, h, dtype=dtype, device=device))
+        self.w2 = nn.Parameter(torch.empty(e, h, i, dtype=dtype, device=device))
+
+    def forward(
+        self, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor
+    ) -> torch.Tensor:
+        return expert_ffn(x, expert_ids, expert_weights, self.w1, self.w3, self.w2)
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, cfg: KimiLinearConfig, *, dtype=None, device=None):
+        super().__init__()
+        self.gate = Router(cfg, device=device)
+        self.experts = ExpertBank(cfg, dtype=dtype, device=device)
+        shared = cfg.moe_intermediate_size * cfg.num_shared_experts
+        self.shared_experts = MLP(cfg.hidden_size, shared, dtype=dtype, device=device) if shared else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        weights, ids = self.gate(flat)
+        out = self.experts(flat, ids, weights)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(flat)
+        return out.view_as(x)

@@ -1,0 +1,112 @@
+"""Named configurations: `full` is Kimi-Linear-48B-A3B; `tiny` and `small` keep its layout at smaller sizes."""
+
+from __future__ import annotations
+
+from engine.model.config import KimiLinearConfig
+
+# Special-token ids of the real tokenizer: 163,584 byte-pair tokens, then 256 reserved special tokens.
+_REAL_SPECIAL_BASE = 163_584
+
+
+def _mla_every_fourth(n_layers: int) -> tuple[int, ...]:
+    """The real pattern: three KDA layers then one MLA layer, and the last layer is always MLA (zero-based)."""
+    full = {i for i in range(3, n_layers, 4)} | {n_layers - 1}
+    return tuple(sorted(full))
+
+
+def _config(vocab: int, special_base: int, **fields) -> KimiLinearConfig:
+    return KimiLinearConfig(
+        vocab_size=vocab,
+        bos_token_id=special_base,  # [BOS]
+        eos_token_id=special_base + 2,  # <|im_end|>
+        pad_token_id=special_base + 255,  # [PAD]
+        **fields,
+    )
+
+
+FULL = _config(
+    163_840,
+    _REAL_SPECIAL_BASE,
+    hidden_size=2304,
+    num_hidden_layers=27,
+    intermediate_size=9216,
+    num_attention_heads=32,
+    kv_lora_rank=512,
+    qk_nope_head_dim=128,
+    qk_rope_head_dim=64,
+    v_head_dim=128,
+    kda_num_heads=32,
+    kda_head_dim=128,
+    conv_kernel_size=4,
+    full_attn_layers=_mla_every_fourth(27),  # one-based 4, 8, ..., 24, 27
+    num_experts=256,
+    num_experts_per_token=8,
+    num_shared_experts=1,
+    moe_intermediate_size=1024,
+    first_k_dense_replace=1,
+    routed_scaling_factor=2.446,
+    moe_renormalize=True,
+    rms_norm_eps=1e-5,
+)
+
+# Synthetic checkpoints use a byte-level tokenizer: 256 byte tokens, then 256 special tokens.
+_SYNTH_SPECIAL_BASE = 256
+
+TINY = _config(
+    512,
+    _SYNTH_SPECIAL_BASE,
+    hidden_size=128,
+    num_hidden_layers=4,  # KDA, KDA, KDA, MLA: the real relative pattern
+    intermediate_size=256,
+    num_attention_heads=2,
+    kv_lora_rank=64,
+    qk_nope_head_dim=32,
+    qk_rope_head_dim=16,
+    v_head_dim=32,
+    kda_num_heads=2,
+    kda_head_dim=64,
+    conv_kernel_size=4,
+    full_attn_layers=_mla_every_fourth(4),
+    num_experts=8,
+    num_experts_per_token=2,
+    num_shared_experts=1,
+    moe_intermediate_size=64,
+    first_k_dense_replace=1,
+    routed_scaling_factor=2.446,
+    moe_renormalize=True,
+    rms_norm_eps=1e-5,
+)
+
+SMALL = _config(
+    16_384,
+    _SYNTH_SPECIAL_BASE,
+    hidden_size=512,
+    num_hidden_layers=8,  # MLA at one-based 4 and 8
+    intermediate_size=2048,
+    num_attention_heads=8,
+    kv_lora_rank=128,
+    qk_nope_head_dim=64,
+    qk_rope_head_dim=32,
+    v_head_dim=64,
+    kda_num_heads=8,
+    kda_head_dim=128,
+    conv_kernel_size=4,
+    full_attn_layers=_mla_every_fourth(8),
+    num_experts=64,
+    num_experts_per_token=8,
+    num_shared_experts=1,
+    moe_intermediate_size=128,
+    first_k_dense_replace=1,
+    routed_scaling_factor=2.446,
+    moe_renormalize=True,
+    rms_norm_eps=1e-5,
+)
+
+PRESETS: dict[str, KimiLinearConfig] = {"tiny": TINY, "small": SMALL, "full": FULL}
+
+
+def preset(name: str) -> KimiLinearConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise KeyError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}") from None
