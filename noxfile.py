@@ -51,8 +51,9 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(name="bench-decode", python=PYTHON)
 def bench_decode(session: nox.Session) -> None:
-    """Engine decode tokens/s under the memory cap (CPU: synthetic model; GPU: synthetic full or --weights)."""
-    not_implemented(session, "the decode runner", ISSUES["runners"])
+    """Engine decode tokens/s and TTFT under the memory cap, with the roofline (args go to the runner)."""
+    install(session)
+    session.run("python", "-m", "runners", "decode", *session.posargs)
 
 
 @nox.session(name="bench-kernels", python=PYTHON)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -84,8 +85,88 @@ def draw_bars(data: dict) -> plt.Figure:
     return fig
 
 
+def decode_throughput(frame: pd.DataFrame) -> dict | None:
+    """Decode tok/s against context length, one line per (model, dtype, batch, hardware), with its roofline."""
+    rows = newest(frame)
+    rows = rows[rows["suite"] == "decode"]
+    series: dict[str, dict] = {}
+    for row in rows.itertuples():
+        receipt = row.receipt
+        cfg = receipt["config"]
+        label = f"{cfg['model']} {cfg['dtype']} b{cfg['batch']} · {row.hardware_id}"
+        line = series.setdefault(label, {"label": label, "points": []})
+        line["points"].append(
+            {
+                "context": cfg["context"],
+                "tok_s": receipt["summary"]["decode_tok_s"]["median"],
+                "roofline_tok_s": receipt["derived"]["roofline_tok_s"],
+                "receipt": row.path,
+            }
+        )
+    if not series:
+        return None
+    for line in series.values():
+        line["points"].sort(key=lambda p: p["context"])
+    return {"title": "Decode tokens/s by context (median; dashed: roofline)",
+            "series": sorted(series.values(), key=lambda s: s["label"])}  # fmt: skip
+
+
+def draw_decode(data: dict) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    for i, line in enumerate(data["series"]):
+        color = f"C{i % 10}"
+        xs = [p["context"] for p in line["points"]]
+        ax.plot(xs, [p["tok_s"] for p in line["points"]], marker="o", color=color, label=line["label"])
+        ax.plot(xs, [p["roofline_tok_s"] for p in line["points"]], linestyle="--", color=color, alpha=0.6)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("decode tokens/s")
+    ax.set_title(data["title"])
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def memory_headroom(frame: pd.DataFrame) -> dict | None:
+    """Peak memory of every newest receipt that ran under a cap, against that cap."""
+    rows = newest(frame)
+    bars = []
+    for row in rows.itertuples():
+        mem = row.receipt["memory_cap"]
+        if not mem or mem.get("cap_gib") is None:
+            continue
+        peak = mem.get("peak_reserved_gib", mem["peak_rss_gib"])
+        bars.append({"label": f"{row.name}\n{row.hardware_id}", "peak_gib": peak, "cap_gib": mem["cap_gib"],
+                     "measure": "peak reserved" if "peak_reserved_gib" in mem else "peak RSS",
+                     "receipt": row.path})  # fmt: skip
+    if not bars:
+        return None
+    return {"title": "Peak memory against the cap", "bars": bars}
+
+
+def draw_headroom(data: dict) -> plt.Figure:
+    bars = data["bars"]
+    fig, ax = plt.subplots(figsize=(6.4, 0.9 + 0.45 * len(bars)))
+    y = list(range(len(bars)))
+    ax.barh(y, [b["cap_gib"] for b in bars], color="#dddddd", label="cap")
+    ax.barh(y, [b["peak_gib"] for b in bars], color="#3b6ea5", height=0.5, label="peak")
+    ax.set_yticks(y, [b["label"] for b in bars], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("GiB")
+    ax.set_title(data["title"])
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
 FIGURES: list[Figure] = [
     Figure("harness_selfcheck", suite_medians("harness", "encode_us"), draw_bars),
+    Figure("decode_throughput", decode_throughput, draw_decode),
+    Figure("memory_headroom", memory_headroom, draw_headroom),
 ]
 
 

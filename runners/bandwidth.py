@@ -11,7 +11,9 @@ import time
 import torch
 
 
-def copy_bandwidth_gbs(device: str = "cpu", size_mib: int = 256, buffers: int = 3, repeats: int = 10) -> list[float]:
+def copy_bandwidth_gbs(
+    device: str = "cpu", size_mib: int = 256, buffers: int = 3, repeats: int = 10
+) -> list[float]:
     """GB/s (1e9 bytes/s) of `repeats` timed copies; the caller quotes the median."""
     n = size_mib << 20
     sources = [torch.randint(0, 255, (n,), dtype=torch.uint8, device=device) for _ in range(buffers)]

@@ -1,7 +1,7 @@
 """The benchmark runners: each writes receipts through harness/ and then regenerates RESULTS.md and figures.
 
-    python -m runners decode     engine decode (and prefill) throughput against the bandwidth roofline
-    python -m runners proxy      latency k3 adds per request and per event
+python -m runners decode     engine decode (and prefill) throughput against the bandwidth roofline
+python -m runners proxy      latency k3 adds per request and per event
 """
 
 import click
@@ -10,3 +10,8 @@ import click
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Benchmark runners for local-kimi; every measurement becomes a receipt under results/."""
+
+
+from runners.decode import decode_command  # noqa: E402
+
+main.add_command(decode_command)

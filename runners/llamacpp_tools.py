@@ -54,9 +54,13 @@ def ensure_tools(cache: Path = CACHE, cuda: bool | None = None) -> Tools:
         "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", f"-DGGML_CUDA={'ON' if cuda else 'OFF'}",
     ]  # fmt: skip
     _run(["cmake", "-S", str(source), "-B", str(build), *flags], "configuring llama.cpp")
-    _run(["cmake", "--build", str(build), "--target", *TARGETS, "-j"], "building llama-bench and llama-server")
+    _run(
+        ["cmake", "--build", str(build), "--target", *TARGETS, "-j"], "building llama-bench and llama-server"
+    )
     if not (tools.bench.exists() and tools.server.exists()):
-        raise click.ClickException(f"the llama.cpp build finished but {build / 'bin'} lacks {', '.join(TARGETS)}")
+        raise click.ClickException(
+            f"the llama.cpp build finished but {build / 'bin'} lacks {', '.join(TARGETS)}"
+        )
     return tools
 
 
