@@ -2,7 +2,15 @@
 
 import click
 
+from engine.kernels.cli import kernels
+from engine.quant.cli import quantize, verify
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Kimi-Linear inference engine: build checkpoints and artifacts, inspect kernels, serve."""
+
+
+main.add_command(quantize)
+main.add_command(verify)
+main.add_command(kernels)
