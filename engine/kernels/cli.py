@@ -34,7 +34,11 @@ def kernels(device: str) -> None:
     for op in registry.operations():
         click.echo(f"\n{op.name}: {op.description}")
         for v in registry.variants(op.name):
-            marks = [f"default({d})" for d, table in defaults.SHIPPED_DEFAULTS.items() if table.get(op.name) == v.name]
+            marks = [
+                f"default({d})"
+                for d, table in defaults.SHIPPED_DEFAULTS.items()
+                if table.get(op.name) == v.name
+            ]
             reason = registry.unavailable_reason(v, dev)
             status = "runs here" if reason is None else f"unavailable here: {reason}"
             click.echo(f"  {v.name:<14} {v.backend:<7} {' '.join(marks):<28} {status}")
