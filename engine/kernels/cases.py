@@ -3,7 +3,8 @@
 Shapes are plain JSON-able dicts: gemv ops ``{B, N, K, group}`` (plus ``out``: "bf16" or "fp32"), grouped ops ``{B, S, E, N, K, group}`` (plus
 ``per_slot`` for a ``[B, S, K]`` input), ``route_combine`` ``{B, S, N}``. Codes cover the whole signed
 range (the INT4 decoder must handle -8 as well as the encoder's -7..7), scales are near ``1/sqrt(K)`` so
-outputs are O(1), and every route table row holds distinct experts.
+outputs are O(1), and every route table row holds distinct experts. Inputs are drawn on the target
+device with a generator there (``torch.Generator(device)``), so full-size cases are cheap on a GPU.
 """
 
 from __future__ import annotations
@@ -27,20 +28,20 @@ class Case:
 
 
 def _x(shape: tuple[int, ...], gen: torch.Generator, device) -> torch.Tensor:
-    return torch.randn(shape, generator=gen).to(ACTIVATION).to(device)
+    return torch.randn(shape, generator=gen, device=device).to(ACTIVATION)
 
 
 def _int4_bank(lead: tuple[int, ...], n: int, k: int, group: int, gen, device):
-    codes = torch.randint(0, 256, (*lead, n, k // 2), generator=gen, dtype=torch.uint8)
-    scales = (torch.rand((*lead, n, k // group), generator=gen) + 0.5) / k**0.5
-    return codes.to(device), scales.to(SCALE).to(device)
+    codes = torch.randint(0, 256, (*lead, n, k // 2), generator=gen, dtype=torch.uint8, device=device)
+    scales = (torch.rand((*lead, n, k // group), generator=gen, device=device) + 0.5) / k**0.5
+    return codes, scales.to(SCALE)
 
 
 def _routes(batch: int, slots: int, experts: int, gen, device) -> torch.Tensor:
     if slots > experts:
         raise ValueError(f"{slots} slots cannot hold distinct experts out of {experts}")
-    rows = [torch.randperm(experts, generator=gen)[:slots] for _ in range(batch)]
-    return torch.stack(rows).to(torch.int32).to(device)
+    rows = [torch.randperm(experts, generator=gen, device=device)[:slots] for _ in range(batch)]
+    return torch.stack(rows).to(torch.int32)
 
 
 def _gemv_case(fmt: str) -> Callable[[dict, torch.Generator, torch.device], Case]:
@@ -52,11 +53,13 @@ def _gemv_case(fmt: str) -> Callable[[dict, torch.Generator, torch.device], Case
             codes, scales = _int4_bank((), n, k, shape["group"], gen, device)
             args = (x, codes, scales, shape["group"])
         elif fmt == "int8":
-            codes = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8).to(device)
-            scales = ((torch.rand((n, k // shape["group"]), generator=gen) + 0.5) / (64 * k**0.5)).to(SCALE)
-            args = (x, codes, scales.to(device), shape["group"])
+            codes = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8, device=device)
+            scales = (torch.rand((n, k // shape["group"]), generator=gen, device=device) + 0.5) / (
+                64 * k**0.5
+            )
+            args = (x, codes, scales.to(SCALE), shape["group"])
         else:
-            args = (x, (torch.randn((n, k), generator=gen) / k**0.5).to(ACTIVATION).to(device))
+            args = (x, (torch.randn((n, k), generator=gen, device=device) / k**0.5).to(ACTIVATION))
         return Case(args, {"out_dtype": out_dtype}, (b, n), out_dtype)
 
     return build
@@ -79,7 +82,7 @@ def _swiglu_case(shape: dict, gen: torch.Generator, device) -> Case:
 
 def _combine_case(shape: dict, gen: torch.Generator, device) -> Case:
     b, s, n = shape["B"], shape["S"], shape["N"]
-    weights = torch.rand((b, s), generator=gen).to(device)
+    weights = torch.rand((b, s), generator=gen, device=device)
     return Case((_x((b, s, n), gen, device), weights), {}, (b, n), ACTIVATION)
 
 

@@ -91,7 +91,8 @@ def check(
     reason = registry.unavailable_reason(chosen, device)
     if reason is not None:
         return CheckResult(op, variant, shape, seed, passed=False, skipped=reason)
-    case = CASES[op](shape, torch.Generator().manual_seed(seed), torch.device(device))
+    device = torch.device(device)
+    case = CASES[op](shape, torch.Generator(device).manual_seed(seed), device)
     expected = _run(registry.variant(op, registry.REFERENCE).fn, case, device)
     try:
         actual = _run(chosen.fn, case, device)

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_CONFIG, write_checkpoint
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -17,6 +16,7 @@ from engine.quant.manifest import ArtifactError, read_manifest, sha256_file, sha
 from engine.quant.plan import PlanError, make_plan
 from engine.quant.source import SourceCheckpoint
 from engine.quant.verify import verify_artifact
+from tests.quant.tiny_checkpoint import TINY_CONFIG, write_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 SHARD_BYTES = 150_000
