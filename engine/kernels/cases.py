@@ -3,7 +3,7 @@
 Shapes are plain JSON-able dicts: gemv ops ``{B, N, K, group}`` (plus ``out``: "bf16" or "fp32"), grouped ops ``{B, S, E, N, K, group}`` (plus
 ``per_slot`` for a ``[B, S, K]`` input), ``route_combine`` ``{B, S, N}``. Codes cover the whole signed
 range (the INT4 decoder must handle -8 as well as the encoder's -7..7), scales are near ``1/sqrt(K)`` so
-outputs are O(1), and every route table row holds distinct experts. Inputs are drawn on the target
+outputs are O(1), and route tables hold distinct experts. Inputs are drawn on the target
 device with a generator there (``torch.Generator(device)``), so full-size cases are cheap on a GPU.
 """
 
@@ -38,8 +38,16 @@ def _int4_bank(lead: tuple[int, ...], n: int, k: int, group: int, gen, device):
 
 
 def _routes(batch: int, slots: int, experts: int, gen, device) -> torch.Tensor:
+    """Distinct experts across the whole table when the bank is large enough (the most bytes a kernel
+    can be asked to read; what traffic.op_bytes counts), else distinct within each row."""
     if slots > experts:
         raise ValueError(f"{slots} slots cannot hold distinct experts out of {experts}")
+    if batch * slots <= experts:
+        return (
+            torch.randperm(experts, generator=gen, device=device)[: batch * slots]
+            .view(batch, slots)
+            .to(torch.int32)
+        )
     rows = [torch.randperm(experts, generator=gen, device=device)[:slots] for _ in range(batch)]
     return torch.stack(rows).to(torch.int32)
 

@@ -1,11 +1,18 @@
-"""Triton GEMV kernels for batch-1 decode (and small batches): dense INT4 / INT8 / 16-bit weights, grouped
-INT4 experts over a route table, and a fused gate/up + SwiGLU.
+"""Triton GEMV kernels for batch-1 decode (and small batches): INT4 / INT8 / 16-bit weights, grouped INT4
+experts over a route table, and a fused gate/up + SwiGLU.
 
-Layout for bandwidth: weights are row-major with the reduction axis K contiguous, so each program streams
-whole rows in wide (16-byte) loads; every program owns ``BLOCK_N`` output rows with a one-row FP32
-accumulator per batch row; split-K spreads short-N matrices over more programs, with the partial sums
-reduced in a fixed order afterwards (deterministic). Group scales are applied once per group after the
-in-group reduction, which keeps the per-byte instruction count low.
+Layout for bandwidth: weights are row-major with the reduction axis K contiguous and are read as 32-bit
+words, four consecutive words per thread (16-byte loads). Each program owns ``BLOCK_N`` output rows of one
+batch row (or one route assignment) and a range of K; it keeps a 2-D FP32 accumulator (one partial per
+row and word column) and reduces it across threads once, at the end. Split-K spreads short matrices over
+more programs; its partial sums are added in a fixed order afterwards (deterministic). Batch rows are the
+fastest grid axis, so programs sharing a weight tile run together and re-reads come from L2.
+
+Decoding costs about three instructions per INT4 value, not a conversion: with the word XOR-ed by
+0x88888888 every nibble holds ``code + 8``; OR-ing nibble p (bits 4p..4p+3) into the exponent of 2^23 gives
+the float ``2^23 + (code + 8) * 16^p`` exactly, one subtraction leaves ``code * 16^p``, and the ``16^-p``
+is folded into the activation (a power of two, so exact). Group scales multiply once per word. Compiled
+for sm_90 the INT4 main loop is about 10.6 instructions per weight byte (``python -m engine.kernels.aot``).
 
 Interpreter-safe (``TRITON_INTERPRET=1``): no ``tl.dot``, no block pointers, no inline asm, no autotune,
 every tile dimension a power of two >= 16.
@@ -25,72 +32,120 @@ from engine.kernels.workspace import scratch
 
 FMT_INT4, FMT_INT8, FMT_DENSE = 0, 1, 2
 _FORMATS = {"int4": FMT_INT4, "int8": FMT_INT8, "dense": FMT_DENSE}
+_VALUES_PER_WORD = {"int4": 8, "int8": 4, "dense": 1}
+# Bit pattern of the float 2^23. Passed to the kernels as an argument, not written as a literal: as an
+# immediate it takes LOP3's single immediate slot and ptxas re-materialises every nibble mask with a MOV
+# (about 1.7 more instructions per weight byte on sm_90, see engine/kernels/aot.py).
+_MAGIC = 0x4B000000
 
 
 @triton.jit
-def _tile_partial(
+def _int4_tile(
     w_ptr,
     s_ptr,
     x_ptr,
     rn,
     mask_n,
-    rb,
-    mask_b,
+    t,
+    KW,
     stride_wn,
     stride_sn,
-    stride_xb,
-    k0,
-    K,
+    magic,
+    GROUP: tl.constexpr,
+    WORDS: tl.constexpr,
+):
+    """FP32 partials ``[BLOCK_N, WORDS]`` of K-tile ``t`` (``KW`` words per row); word w holds inputs
+    8w..8w+7, nibble i being input 8w+i."""
+    rw = t * WORDS + tl.arange(0, WORDS)
+    mask_w = rw < KW
+    mask = mask_n[:, None] & mask_w[None, :]
+    words = tl.load(w_ptr + rn[:, None] * stride_wn + rw[None, :], mask=mask, other=0)
+    biased = words.to(tl.uint32, bitcast=True) ^ 0x88888888  # every nibble: code + 8
+    shifted = biased >> 12  # nibbles 5..7 move to positions 2..4
+    part = tl.zeros(words.shape, dtype=tl.float32)
+    for i in tl.static_range(5):
+        v = ((biased & (0xF << (4 * i))) | magic).to(tl.float32, bitcast=True) - (8388608.0 + 8.0 * 16**i)
+        xi = tl.load(x_ptr + rw * 8 + i, mask=mask_w, other=0.0).to(tl.float32) * (1.0 / 16**i)
+        part += v * xi[None, :]
+    for j in tl.static_range(2, 5):
+        v = ((shifted & (0xF << (4 * j))) | magic).to(tl.float32, bitcast=True) - (8388608.0 + 8.0 * 16**j)
+        xi = tl.load(x_ptr + rw * 8 + 3 + j, mask=mask_w, other=0.0).to(tl.float32) * (1.0 / 16**j)
+        part += v * xi[None, :]
+    scale = tl.load(s_ptr + rn[:, None] * stride_sn + (rw * 8 // GROUP)[None, :], mask=mask, other=0.0)
+    return part * scale.to(tl.float32)
+
+
+@triton.jit
+def _int8_tile(
+    w_ptr,
+    s_ptr,
+    x_ptr,
+    rn,
+    mask_n,
+    t,
+    KW,
+    stride_wn,
+    stride_sn,
+    magic,
+    GROUP: tl.constexpr,
+    WORDS: tl.constexpr,
+):
+    """As :func:`_int4_tile` for INT8: word w holds inputs 4w..4w+3, byte i = input 4w+i."""
+    rw = t * WORDS + tl.arange(0, WORDS)
+    mask_w = rw < KW
+    mask = mask_n[:, None] & mask_w[None, :]
+    words = tl.load(w_ptr + rn[:, None] * stride_wn + rw[None, :], mask=mask, other=0)
+    biased = words.to(tl.uint32, bitcast=True) ^ 0x80808080  # every byte: code + 128
+    shifted = biased >> 16
+    part = tl.zeros(words.shape, dtype=tl.float32)
+    for i in tl.static_range(2):
+        for half in tl.static_range(2):
+            src = biased if half == 0 else shifted
+            v = ((src & (0xFF << (8 * i))) | magic).to(tl.float32, bitcast=True) - (
+                8388608.0 + 128.0 * 256**i
+            )
+            xi = tl.load(x_ptr + rw * 4 + 2 * half + i, mask=mask_w, other=0.0).to(tl.float32) * (
+                1.0 / 256**i
+            )
+            part += v * xi[None, :]
+    scale = tl.load(s_ptr + rn[:, None] * stride_sn + (rw * 4 // GROUP)[None, :], mask=mask, other=0.0)
+    return part * scale.to(tl.float32)
+
+
+@triton.jit
+def _dense_tile(w_ptr, x_ptr, rn, mask_n, t, KW, stride_wn, WORDS: tl.constexpr):
+    rk = t * WORDS + tl.arange(0, WORDS)
+    mask_k = rk < KW
+    w = tl.load(
+        w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0
+    )
+    x = tl.load(x_ptr + rk, mask=mask_k, other=0.0)
+    return w.to(tl.float32) * x.to(tl.float32)[None, :]
+
+
+@triton.jit
+def _tile(
+    w_ptr,
+    s_ptr,
+    x_ptr,
+    rn,
+    mask_n,
+    t,
+    KW,
+    stride_wn,
+    stride_sn,
+    magic,
     FMT: tl.constexpr,
     GROUP: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    WORDS: tl.constexpr,
 ):
-    """FP32 partial dot products ``[BLOCK_B, BLOCK_N]`` of inputs ``k0 .. k0+BLOCK_K`` (masked past K)."""
     if FMT == 0:
-        # INT4: BLOCK_K // 2 bytes per row; byte j holds input 2j (low nibble) and 2j+1 (high nibble).
-        HALF: tl.constexpr = BLOCK_K // 2
-        rj = k0 // 2 + tl.arange(0, HALF)
-        mask_j = rj < K // 2
-        packed = tl.load(
-            w_ptr + rn[:, None] * stride_wn + rj[None, :], mask=mask_n[:, None] & mask_j[None, :], other=0
-        )
-        packed = packed.to(tl.int8, bitcast=True)
-        low = ((packed << 4) >> 4).to(tl.float32)  # arithmetic shifts sign-extend the nibbles
-        high = (packed >> 4).to(tl.float32)
-        x_mask = mask_b[:, None] & mask_j[None, :]
-        x_even = tl.load(x_ptr + rb[:, None] * stride_xb + 2 * rj[None, :], mask=x_mask, other=0.0).to(
-            tl.float32
-        )
-        x_odd = tl.load(x_ptr + rb[:, None] * stride_xb + 2 * rj[None, :] + 1, mask=x_mask, other=0.0).to(
-            tl.float32
-        )
-        prod = low[None, :, :] * x_even[:, None, :] + high[None, :, :] * x_odd[:, None, :]
-        PER_GROUP: tl.constexpr = GROUP // 2
+        part = _int4_tile(w_ptr, s_ptr, x_ptr, rn, mask_n, t, KW, stride_wn, stride_sn, magic, GROUP, WORDS)
+    elif FMT == 1:
+        part = _int8_tile(w_ptr, s_ptr, x_ptr, rn, mask_n, t, KW, stride_wn, stride_sn, magic, GROUP, WORDS)
     else:
-        rk = k0 + tl.arange(0, BLOCK_K)
-        mask_k = rk < K
-        w = tl.load(
-            w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0
-        )
-        x = tl.load(
-            x_ptr + rb[:, None] * stride_xb + rk[None, :], mask=mask_b[:, None] & mask_k[None, :], other=0.0
-        )
-        prod = w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :]
-        PER_GROUP: tl.constexpr = GROUP
-    if FMT == 2:
-        partial = tl.sum(prod, axis=2)
-    else:
-        # Sum inside each scale group first, then one multiply per group.
-        GROUPS: tl.constexpr = BLOCK_K // GROUP
-        grouped = tl.sum(tl.reshape(prod, [BLOCK_B * BLOCK_N * GROUPS, PER_GROUP]), axis=1)
-        grouped = tl.reshape(grouped, [BLOCK_B, BLOCK_N, GROUPS])
-        rg = k0 // GROUP + tl.arange(0, GROUPS)
-        s_mask = mask_n[:, None] & (rg < K // GROUP)[None, :]
-        scales = tl.load(s_ptr + rn[:, None] * stride_sn + rg[None, :], mask=s_mask, other=0.0).to(tl.float32)
-        partial = tl.sum(grouped * scales[None, :, :], axis=2)
-    return partial
+        part = _dense_tile(w_ptr, x_ptr, rn, mask_n, t, KW, stride_wn, WORDS)
+    return part
 
 
 @triton.jit
@@ -98,111 +153,46 @@ def _gemv_kernel(
     x_ptr,
     w_ptr,
     s_ptr,
-    out_ptr,
-    B,
-    N,
-    K,
-    stride_xb,
-    stride_wn,
-    stride_sn,
-    stride_split,
-    tiles_per_split,
-    FMT: tl.constexpr,
-    GROUP: tl.constexpr,
-    BLOCK_B: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """Grid (N blocks, split-K parts, batch blocks); writes ``out[split, b, n]`` (FP32 partials or final)."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_b = tl.program_id(2)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rb = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
-    mask_n = rn < N
-    mask_b = rb < B
-    acc = tl.zeros([BLOCK_B, BLOCK_N], dtype=tl.float32)
-    for t in range(0, tiles_per_split):
-        k0 = (pid_k * tiles_per_split + t) * BLOCK_K
-        acc += _tile_partial(
-            w_ptr,
-            s_ptr,
-            x_ptr,
-            rn,
-            mask_n,
-            rb,
-            mask_b,
-            stride_wn,
-            stride_sn,
-            stride_xb,
-            k0,
-            K,
-            FMT,
-            GROUP,
-            BLOCK_B,
-            BLOCK_N,
-            BLOCK_K,
-        )
-    dst = out_ptr + pid_k * stride_split + rb[:, None] * N + rn[None, :]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_b[:, None] & mask_n[None, :])
-
-
-@triton.jit
-def _grouped_kernel(
-    x_ptr,
-    w_ptr,
-    s_ptr,
     ids_ptr,
     out_ptr,
-    S,
     N,
-    K,
+    KW,
+    SLOTS,
     stride_xb,
     stride_xs,
     stride_we,
     stride_se,
+    stride_wn,
+    stride_sn,
     stride_split,
     tiles_per_split,
+    magic,
+    FMT: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    WORDS: tl.constexpr,
+    ROUTED: tl.constexpr,
 ):
-    """Grid (N blocks, split-K parts, B*S assignments); each assignment reads its routed expert's rows."""
-    pid_n = tl.program_id(0)
-    pid_k = tl.program_id(1)
-    pid_a = tl.program_id(2)
-    expert = tl.load(ids_ptr + pid_a).to(tl.int64)
-    b = pid_a // S
-    s = pid_a % S
-    x_row = x_ptr + b.to(tl.int64) * stride_xb + s.to(tl.int64) * stride_xs
+    """Grid (rows, N blocks, split-K parts). A row is a batch row, or with ROUTED a (batch, slot) assignment
+    whose expert is read from ``ids_ptr``. Writes ``out[split, row, n]`` (FP32 partials, or the result)."""
+    row = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    if ROUTED:
+        expert = tl.load(ids_ptr + row).to(tl.int64)
+        w_ptr += expert * stride_we
+        s_ptr += expert * stride_se
+        x_ptr += (row // SLOTS).to(tl.int64) * stride_xb + (row % SLOTS).to(tl.int64) * stride_xs
+    else:
+        x_ptr += row.to(tl.int64) * stride_xb
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rb = tl.arange(0, 1)
     mask_n = rn < N
-    mask_b = rb < 1
-    acc = tl.zeros([1, BLOCK_N], dtype=tl.float32)
-    for t in range(0, tiles_per_split):
-        k0 = (pid_k * tiles_per_split + t) * BLOCK_K
-        acc += _tile_partial(
-            w_ptr + expert * stride_we,
-            s_ptr + expert * stride_se,
-            x_row,
-            rn,
-            mask_n,
-            rb,
-            mask_b,
-            K // 2,
-            K // GROUP,
-            0,
-            k0,
-            K,
-            0,
-            GROUP,
-            1,
-            BLOCK_N,
-            BLOCK_K,
-        )
-    dst = out_ptr + pid_k * stride_split + pid_a * N + rn[None, :]
-    tl.store(dst, acc.to(out_ptr.dtype.element_ty), mask=mask_n[None, :])
+    acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
+    for i in range(0, tiles_per_split):
+        t = pid_k * tiles_per_split + i
+        acc += _tile(w_ptr, s_ptr, x_ptr, rn, mask_n, t, KW, stride_wn, stride_sn, magic, FMT, GROUP, WORDS)
+    y = tl.sum(acc, axis=1)
+    tl.store(out_ptr + pid_k * stride_split + row * N + rn, y.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
 @triton.jit
@@ -214,70 +204,61 @@ def _grouped_swiglu_kernel(
     su_ptr,
     ids_ptr,
     out_ptr,
-    S,
     N,
-    K,
+    KW,
+    SLOTS,
     stride_xb,
     stride_we,
     stride_se,
+    stride_wn,
+    stride_sn,
     num_tiles,
+    magic,
     GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    WORDS: tl.constexpr,
 ):
-    """Grid (N blocks, B*S assignments): gate and up rows of one expert, then ``silu(gate) * up``."""
-    pid_n = tl.program_id(0)
-    pid_a = tl.program_id(1)
-    expert = tl.load(ids_ptr + pid_a).to(tl.int64)
-    x_row = x_ptr + (pid_a // S).to(tl.int64) * stride_xb
+    """Grid (B*S assignments, N blocks): gate and up rows of one expert, then ``silu(gate) * up``."""
+    row = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(ids_ptr + row).to(tl.int64)
+    x_ptr += (row // SLOTS).to(tl.int64) * stride_xb
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rb = tl.arange(0, 1)
     mask_n = rn < N
-    mask_b = rb < 1
-    gate = tl.zeros([1, BLOCK_N], dtype=tl.float32)
-    up = tl.zeros([1, BLOCK_N], dtype=tl.float32)
+    gate = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
+    up = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
     for t in range(0, num_tiles):
-        k0 = t * BLOCK_K
-        gate += _tile_partial(
+        gate += _int4_tile(
             wg_ptr + expert * stride_we,
             sg_ptr + expert * stride_se,
-            x_row,
+            x_ptr,
             rn,
             mask_n,
-            rb,
-            mask_b,
-            K // 2,
-            K // GROUP,
-            0,
-            k0,
-            K,
-            0,
+            t,
+            KW,
+            stride_wn,
+            stride_sn,
+            magic,
             GROUP,
-            1,
-            BLOCK_N,
-            BLOCK_K,
+            WORDS,
         )
-        up += _tile_partial(
+        up += _int4_tile(
             wu_ptr + expert * stride_we,
             su_ptr + expert * stride_se,
-            x_row,
+            x_ptr,
             rn,
             mask_n,
-            rb,
-            mask_b,
-            K // 2,
-            K // GROUP,
-            0,
-            k0,
-            K,
-            0,
+            t,
+            KW,
+            stride_wn,
+            stride_sn,
+            magic,
             GROUP,
-            1,
-            BLOCK_N,
-            BLOCK_K,
+            WORDS,
         )
-    hidden = gate * tl.sigmoid(gate) * up
-    tl.store(out_ptr + pid_a * N + rn[None, :], hidden.to(out_ptr.dtype.element_ty), mask=mask_n[None, :])
+    g = tl.sum(gate, axis=1)
+    hidden = g * tl.sigmoid(g) * tl.sum(up, axis=1)
+    tl.store(out_ptr + row * N + rn, hidden.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
 # True when TRITON_INTERPRET=1 was set when this module was imported: @triton.jit reads it at decoration.
@@ -287,14 +268,10 @@ INTERPRETED = isinstance(_gemv_kernel, InterpretedFunction)
 @dataclass(frozen=True)
 class LaunchConfig:
     block_n: int
-    block_k: int  # inputs (not bytes) per tile
+    block_k: int  # inputs per K tile
     split_k: int
     num_warps: int = 4
     num_stages: int = 3
-
-
-def _pow2_floor(value: int) -> int:
-    return 1 << (max(value, 1).bit_length() - 1)
 
 
 def _sm_count(device: torch.device) -> int:
@@ -303,32 +280,65 @@ def _sm_count(device: torch.device) -> int:
     return 1
 
 
-def launch_config(
-    fmt: str, rows: int, programs_per_block: int, n: int, k: int, group: int, device, *, split: bool = True
-) -> LaunchConfig:
-    """A launch configuration from the shape (no autotuning, so runs are reproducible).
+# Tiles of 64 rows x 32 words (one 16-byte load per thread per row; a 2-D accumulator of 16 registers).
+_TILES = {"int4": (64, 256), "int8": (64, 128), "dense": (32, 128)}
 
-    Each program step holds about 4096 FP32 products (``rows`` batch rows x ``block_n`` weight rows x the
-    tile's values; INT4 counts bytes, two values each), so registers stay bounded as the batch grows.
-    Split-K doubles until the grid has about four waves of programs or the splits get short.
-    ``programs_per_block`` multiplies the grid (route assignments for grouped kernels).
+
+def launch_config(
+    fmt: str, rows: int, n: int, k: int, device, *, split: bool = True, block_n: int | None = None
+) -> LaunchConfig:
+    """A launch configuration from the shape alone (no autotuning, so runs are reproducible).
+
+    ``rows`` is the number of batch rows or route assignments. Split-K doubles until the grid has about
+    four waves of programs per SM or each part would get fewer than two K tiles.
     """
-    block_n = 32 if rows <= 2 else 16
-    step = _pow2_floor(4096 // (rows * block_n))
-    block_k = step * 2 if fmt == "int4" else step
-    block_k = min(max(block_k, 32, group), 512)
+    tile_n, block_k = _TILES[fmt]
+    tile_n = block_n or tile_n
     tiles = triton.cdiv(k, block_k)
-    programs = triton.cdiv(n, block_n) * programs_per_block
+    programs = triton.cdiv(n, tile_n) * rows
     target = 4 * _sm_count(torch.device(device))
     split_k = 1
     while split and programs * split_k < target and tiles // (2 * split_k) >= 2 and split_k < 16:
         split_k *= 2
-    return LaunchConfig(block_n, block_k, split_k)
+    return LaunchConfig(tile_n, block_k, split_k)
 
 
-def _finish_split(partials: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    # Fixed-order reduction of the split-K partials: deterministic, unlike atomics.
-    out.copy_(partials.sum(dim=0) if partials.shape[0] > 1 else partials[0])
+def _words(fmt: str, data: torch.Tensor) -> torch.Tensor:
+    """Packed codes as int32 words (the kernels' 16-byte loads need K to fill whole words)."""
+    if fmt == "dense":
+        return data
+    if data.shape[-1] % 4 or data.data_ptr() % 4:
+        raise ValueError(
+            f"{fmt} rows of {data.shape[-1]} bytes are not whole 32-bit words (K % {2 * _VALUES_PER_WORD[fmt]})"
+        )
+    return data.view(torch.int32)
+
+
+def _launch(
+    fmt, x, data, scales, ids, target, rows, slots, n, k, stride_xb, stride_xs, group, cfg: LaunchConfig
+):
+    words = _words(fmt, data)
+    per_word = _VALUES_PER_WORD[fmt]
+    if cfg.block_k % per_word or cfg.block_k // per_word < 16:
+        raise ValueError(f"block_k {cfg.block_k} must hold at least 16 words of {per_word} values")
+    tiles_per_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k)
+    grid = (rows, triton.cdiv(n, cfg.block_n), cfg.split_k)
+    _gemv_kernel[grid](
+        x, words, words if scales is None else scales, words if ids is None else ids, target, n, k // per_word, slots,
+        stride_xb, stride_xs,
+        words.stride(0) if ids is not None else 0,
+        scales.stride(0) if ids is not None else 0,
+        words.stride(-2), 0 if scales is None else scales.stride(-2),
+        rows * n, tiles_per_split, _MAGIC,
+        FMT=_FORMATS[fmt], GROUP=group or 1, BLOCK_N=cfg.block_n, WORDS=cfg.block_k // per_word,
+        ROUTED=ids is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+def _finish(target: torch.Tensor, out: torch.Tensor, split_k: int) -> torch.Tensor:
+    if split_k > 1:
+        # Fixed-order reduction of the split-K partials: deterministic, unlike atomics.
+        out.copy_(target.sum(dim=0).view(out.shape))
     return out
 
 
@@ -337,37 +347,10 @@ def _gemv(fmt, x, data, scales, group, out, out_dtype, config: LaunchConfig | No
     out = output(out, (shape.batch, shape.n), out_dtype or x.dtype, x.device)
     if x.stride(1) != 1:
         x = x.contiguous()
-    block_b = min(triton.next_power_of_2(shape.batch), 8)
-    group = group or 1
-    cfg = config or launch_config(
-        fmt, block_b, triton.cdiv(shape.batch, block_b), shape.n, shape.k, group, x.device
-    )
-    tiles = triton.cdiv(shape.k, cfg.block_k)
-    tiles_per_split = triton.cdiv(tiles, cfg.split_k)
+    cfg = config or launch_config(fmt, shape.batch, shape.n, shape.k, x.device)
     target = out if cfg.split_k == 1 else scratch((cfg.split_k, shape.batch, shape.n), x.device)
-    grid = (triton.cdiv(shape.n, cfg.block_n), cfg.split_k, triton.cdiv(shape.batch, block_b))
-    _gemv_kernel[grid](
-        x,
-        data,
-        data if scales is None else scales,
-        target,
-        shape.batch,
-        shape.n,
-        shape.k,
-        x.stride(0),
-        data.stride(0),
-        0 if scales is None else scales.stride(0),
-        shape.batch * shape.n,
-        tiles_per_split,
-        FMT=_FORMATS[fmt],
-        GROUP=group,
-        BLOCK_B=block_b,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    return out if cfg.split_k == 1 else _finish_split(target, out)
+    _launch(fmt, x, data, scales, None, target, shape.batch, 1, shape.n, shape.k, x.stride(0), 0, group, cfg)
+    return _finish(target, out, cfg.split_k)
 
 
 def w4a16_gemv(x, codes, scales, group_size, *, out=None, out_dtype=None, config=None):
@@ -385,40 +368,16 @@ def w16a16_gemv(x, weight, *, out=None, out_dtype=None, config=None):
 def w4a16_grouped_gemv(x, codes, scales, route_ids, group_size, *, out=None, out_dtype=None, config=None):
     shape = grouped_shape(x, codes, scales, route_ids, group_size)
     out = output(out, (shape.batch, shape.slots, shape.n), out_dtype or x.dtype, x.device)
-    assignments = shape.batch * shape.slots
-    cfg = config or launch_config("int4", 1, assignments, shape.n, shape.k, group_size, x.device)
-    tiles = triton.cdiv(shape.k, cfg.block_k)
-    tiles_per_split = triton.cdiv(tiles, cfg.split_k)
-    target = out if cfg.split_k == 1 else scratch((cfg.split_k, assignments, shape.n), x.device)
+    rows = shape.batch * shape.slots
+    cfg = config or launch_config("int4", rows, shape.n, shape.k, x.device)
+    target = out if cfg.split_k == 1 else scratch((cfg.split_k, rows, shape.n), x.device)
     stride_xs = shape.k if shape.per_slot_input else 0
     stride_xb = shape.slots * shape.k if shape.per_slot_input else shape.k
-    grid = (triton.cdiv(shape.n, cfg.block_n), cfg.split_k, assignments)
-    _grouped_kernel[grid](
-        x,
-        codes,
-        scales,
-        route_ids,
-        target,
-        shape.slots,
-        shape.n,
-        shape.k,
-        stride_xb,
-        stride_xs,
-        codes.stride(0),
-        scales.stride(0),
-        assignments * shape.n,
-        tiles_per_split,
-        GROUP=group_size,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
-    return (
-        out
-        if cfg.split_k == 1
-        else _finish_split(target.view(cfg.split_k, shape.batch, shape.slots, shape.n), out)
-    )
+    _launch(
+        "int4", x, codes, scales, route_ids, target, rows, shape.slots, shape.n, shape.k, stride_xb, stride_xs,
+        group_size, cfg,
+    )  # fmt: skip
+    return _finish(target, out, cfg.split_k)
 
 
 def w4a16_grouped_swiglu(
@@ -429,33 +388,19 @@ def w4a16_grouped_swiglu(
         raise ValueError("gate and up banks must have the same shape")
     if shape.per_slot_input:
         raise ValueError("the gate/up projection takes x as [B, K]")
-    if gate_codes.stride() != up_codes.stride() or gate_scales.stride() != up_scales.stride():
-        raise ValueError("gate and up banks must share strides")
     out = output(out, (shape.batch, shape.slots, shape.n), x.dtype, x.device)
-    assignments = shape.batch * shape.slots
-    cfg = config or launch_config("int4", 1, assignments, shape.n, shape.k, group_size, x.device, split=False)
-    grid = (triton.cdiv(shape.n, cfg.block_n), assignments)
+    rows = shape.batch * shape.slots
+    # Two accumulators: half the rows per program of the plain GEMV; no split-K (SiLU needs whole sums).
+    cfg = config or launch_config("int4", rows, shape.n, shape.k, x.device, split=False, block_n=32)
+    gate_words, up_words = _words("int4", gate_codes), _words("int4", up_codes)
+    grid = (rows, triton.cdiv(shape.n, cfg.block_n))
     _grouped_swiglu_kernel[grid](
-        x,
-        gate_codes,
-        gate_scales,
-        up_codes,
-        up_scales,
-        route_ids,
-        out,
-        shape.slots,
-        shape.n,
-        shape.k,
-        shape.k,
-        gate_codes.stride(0),
-        gate_scales.stride(0),
-        triton.cdiv(shape.k, cfg.block_k),
-        GROUP=group_size,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
+        x, gate_words, gate_scales, up_words, up_scales, route_ids, out, shape.n, shape.k // 8, shape.slots, shape.k,
+        gate_words.stride(0), gate_scales.stride(0), gate_words.stride(1), gate_scales.stride(1),
+        triton.cdiv(shape.k, cfg.block_k), _MAGIC,
+        GROUP=group_size, BLOCK_N=cfg.block_n, WORDS=cfg.block_k // 8,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
     return out
 
 

@@ -38,7 +38,7 @@ def test_every_operation_has_edge_shapes():
 
 @pytest.mark.parametrize(
     "config",
-    [LaunchConfig(16, 64, 3), LaunchConfig(32, 32, 1), LaunchConfig(16, 128, 5)],
+    [LaunchConfig(16, 128, 3), LaunchConfig(32, 128, 1), LaunchConfig(16, 256, 5)],
     ids=lambda c: f"n{c.block_n}_k{c.block_k}_s{c.split_k}",
 )
 def test_explicit_launch_configs_including_uneven_split_k(config):
@@ -65,7 +65,7 @@ def test_split_k_is_deterministic():
         torch.Generator(DEVICE).manual_seed(1),
         DEVICE,
     )
-    config = LaunchConfig(16, 64, 4)
+    config = LaunchConfig(16, 128, 4)
     first = triton_gemv.w4a16_grouped_gemv(*case.args, config=config)
     assert torch.equal(first, triton_gemv.w4a16_grouped_gemv(*case.args, config=config))
 
