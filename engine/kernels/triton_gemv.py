@@ -261,8 +261,10 @@ def _grouped_swiglu_kernel(
     tl.store(out_ptr + row * N + rn, hidden.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
-# True when TRITON_INTERPRET=1 was set when this module was imported: @triton.jit reads it at decoration.
-INTERPRETED = isinstance(_gemv_kernel, InterpretedFunction)
+# @triton.jit reads TRITON_INTERPRET when a function is decorated. The interpreter needs Triton's own
+# jit helpers (tl.zeros, tl.sigmoid, ...) interpreted as well, so it must be set before triton is imported.
+KERNELS_INTERPRETED = isinstance(_gemv_kernel, InterpretedFunction)
+INTERPRETED = KERNELS_INTERPRETED and isinstance(tl.standard.zeros, InterpretedFunction)
 
 
 @dataclass(frozen=True)
@@ -409,7 +411,7 @@ def triton_unavailable(device_type: str) -> str | None:
     if device_type == "cuda":
         if not torch.cuda.is_available():
             return "CUDA is not available"
-        if INTERPRETED:
+        if KERNELS_INTERPRETED:
             return (
                 "TRITON_INTERPRET=1 was set when engine.kernels was imported, so the kernels are interpreted"
             )
@@ -417,8 +419,13 @@ def triton_unavailable(device_type: str) -> str | None:
     if device_type == "cpu":
         if INTERPRETED:
             return None
+        if KERNELS_INTERPRETED:
+            return (
+                "TRITON_INTERPRET=1 was set after triton itself was imported; the interpreter needs it "
+                "before the first `import triton`"
+            )
         return (
-            "Triton kernels run on the CPU only in the interpreter; set TRITON_INTERPRET=1 before "
-            "engine.kernels is imported (the kernels are compiled or interpreted when it is imported)"
+            "Triton kernels run on the CPU only in the interpreter; set TRITON_INTERPRET=1 before triton "
+            "is first imported (e.g. in the environment)"
         )
     return f"no Triton backend for {device_type}"
