@@ -13,7 +13,9 @@ On a machine with an NVIDIA GPU (no network needed)::
    compulsory bytes (engine/kernels/traffic.py) over the median time, reported against the copy bandwidth.
 4. Writes one receipt per measurement through harness.receipt (suite "kernels") and equivalence.json.
 
-Exits 1 if any equivalence check fails. ``--dry-run`` lists the plan (shapes, bytes) without a GPU.
+``--sweep`` also checks and times alternative Triton launch configurations (tile rows, split-K) at batch 1,
+the data for choosing engine/kernels/triton_gemv.launch_config. Exits 1 if any equivalence check fails.
+``--dry-run`` lists the plan (shapes, bytes) without a GPU.
 """
 
 from __future__ import annotations
@@ -32,10 +34,18 @@ from engine.kernels import registry
 from engine.kernels.defaults import SHIPPED_DEFAULTS
 from engine.kernels.shapes import EDGE_SHAPES, kimi_shapes
 from engine.kernels.traffic import op_bytes
+from engine.kernels.triton_gemv import LaunchConfig
 from engine.quant.layout import REFERENCE_CONFIG
 
 COPY_BYTES = 2**30
 ROTATION_MIN, ROTATION_MAX = 2, 64
+# Launch configurations timed by --sweep (batch 1 only): (variant, configs) per operation.
+_SPLITS = [LaunchConfig(block_n, 256, split) for block_n in (16, 32, 64) for split in (1, 2, 4, 8)]
+SWEEP = {
+    "w4a16_gemv": ("triton", _SPLITS),
+    "w4a16_grouped_gemv": ("triton", _SPLITS),
+    "w4a16_grouped_swiglu": ("triton_fused", [LaunchConfig(block_n, 256, 1) for block_n in (16, 32, 64)]),
+}
 
 
 @dataclass(frozen=True)
@@ -44,18 +54,27 @@ class Measurement:
     variant: str
     shape: dict
     bytes_per_call: int
+    launch: LaunchConfig | None = None  # None: the variant's own choice
 
     @property
     def name(self) -> str:
         dims = "x".join(f"{k}{self.shape[k]}" for k in ("B", "S", "E", "N", "K") if k in self.shape)
         group = f"g{self.shape['group']}" if "group" in self.shape else ""
-        return f"{self.op}.{self.variant}@{self.shape['name']}:{dims}{group}"
+        launch = ""
+        if self.launch is not None:
+            launch = f"[n{self.launch.block_n}_k{self.launch.block_k}_s{self.launch.split_k}]"
+        return f"{self.op}.{self.variant}{launch}@{self.shape['name']}:{dims}{group}"
+
+    @property
+    def options(self) -> dict:
+        return {} if self.launch is None else {"config": self.launch}
 
 
 def plan(
-    config: dict, group: int, batches: tuple[int, ...], ops: list[str] | None
+    config: dict, group: int, batches: tuple[int, ...], ops: list[str] | None, *, sweep: bool = False
 ) -> tuple[dict, list[Measurement]]:
-    """The equivalence shapes per op (edge + full size) and the timed measurements (full size, fast variants)."""
+    """The equivalence shapes per op (edge + full size) and the timed measurements (full size, fast
+    variants; with ``sweep`` also the SWEEP launch configurations at batch 1)."""
     full = kimi_shapes(config, group=group, batches=batches)
     selected = ops or list(full)
     unknown = set(selected) - set(full)
@@ -69,6 +88,15 @@ def plan(
         if not v.is_reference
         for shape in full[op]
     ]
+    if sweep:
+        timed += [
+            Measurement(op, variant, shape, op_bytes(op, shape), launch)
+            for op, (variant, launches) in SWEEP.items()
+            if op in selected
+            for shape in full[op]
+            if shape["B"] == 1
+            for launch in launches
+        ]
     return checks, timed
 
 
@@ -90,7 +118,8 @@ def receipt_fields(
             "shape": m.shape,
             "bytes_per_call": m.bytes_per_call,
             "rotated_input_sets": rotation,
-            "shipped_default_on_cuda": SHIPPED_DEFAULTS["cuda"].get(m.op) == m.variant,
+            "shipped_default_on_cuda": SHIPPED_DEFAULTS["cuda"].get(m.op) == m.variant and m.launch is None,
+            "launch": None if m.launch is None else asdict(m.launch),
             "timing": "CUDA graph of rotated calls replayed under triton.testing.do_bench; per-call ms",
             "equivalence": check,
         },
@@ -125,7 +154,7 @@ def _time(m: Measurement, device, l2_bytes: int) -> tuple[list[float], int]:
 
     def calls():
         for case, out in zip(cases, outs, strict=True):
-            fn(*case.args, **case.kwargs, out=out)
+            fn(*case.args, **case.kwargs, **m.options, out=out)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -148,12 +177,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=32)
     parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes (default 1,8)")
     parser.add_argument("--ops", help="comma-separated operations (default: all)")
+    parser.add_argument("--sweep", action="store_true", help="also time alternative launch configurations")
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit; needs no GPU")
     args = parser.parse_args(argv)
 
     config = json.loads(args.config.read_text()) if args.config else REFERENCE_CONFIG
     batches = tuple(int(b) for b in args.batches.split(","))
-    checks, timed = plan(config, args.group_size, batches, args.ops.split(",") if args.ops else None)
+    ops = args.ops.split(",") if args.ops else None
+    checks, timed = plan(config, args.group_size, batches, ops, sweep=args.sweep)
 
     if args.dry_run:
         for op, shapes in checks.items():
@@ -168,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from harness.receipt import write_receipt
 
-    from engine.kernels.equivalence import check_all
+    from engine.kernels.equivalence import check, check_all
 
     device = torch.device("cuda")
     props = torch.cuda.get_device_properties(device)
@@ -196,16 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     results = check_all(checks, device=device)
     for r in results:
         print(r.describe())
-    failed = [r for r in results if not r.passed]
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "equivalence.json").write_text(
-        json.dumps([asdict(r) for r in results], indent=1, default=str)
-    )
     outcome = {(r.op, r.variant, r.shape["name"]): r for r in results}
 
     for m in timed:
-        check = outcome[(m.op, m.variant, m.shape["name"])]
-        if not check.passed:
+        if m.launch is None:
+            result = outcome[(m.op, m.variant, m.shape["name"])]
+        else:
+            result = check(m.op, m.variant, m.shape, device=device, options=m.options)
+            results.append(result)
+        if not result.passed:
             print(f"skip timing {m.name}: not equivalent")
             continue
         times, rotation = _time(m, device, l2_bytes)
@@ -214,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             times,
             copy_gbs,
             rotation,
-            {"passed": True, "worst_ratio": check.worst_ratio, "seed": check.seed},
+            {"passed": True, "worst_ratio": result.worst_ratio, "seed": result.seed},
         )
         path = write_receipt("kernels", m.name, **fields, command=command, results_dir=args.out)
         d = fields["derived"]
@@ -222,7 +252,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{m.name}: {statistics.median(times) * 1e3:.2f} us, {d['achieved_gbs']:.0f} GB/s, "
             f"{d['fraction_of_copy']:.1%} of copy -> {path}"
         )
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "equivalence.json").write_text(
+        json.dumps([asdict(r) for r in results], indent=1, default=str)
+    )
+    failed = [r for r in results if not r.passed]
     if failed:
+        for r in failed:
+            print(r.describe(), file=sys.stderr)
         print(f"{len(failed)} equivalence check(s) FAILED", file=sys.stderr)
         return 1
     return 0

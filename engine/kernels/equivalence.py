@@ -73,19 +73,28 @@ def _exact_fp32():
         torch.backends.cuda.matmul.allow_tf32 = previous
 
 
-def _run(fn, case, device) -> torch.Tensor:
+def _run(fn, case, device, options: dict) -> torch.Tensor:
     out = torch.full(case.out_shape, float("nan"), dtype=case.out_dtype, device=device)
     with poisoned_scratch(), _exact_fp32():
-        result = fn(*case.args, **case.kwargs, out=out)
+        result = fn(*case.args, **case.kwargs, **options, out=out)
     if result is not out:
         raise AssertionError("the variant did not return the out tensor it was given")
     return out
 
 
 def check(
-    op: str, variant: str, shape: dict, *, device: torch.device | str = "cpu", seed: int | None = None
+    op: str,
+    variant: str,
+    shape: dict,
+    *,
+    device: torch.device | str = "cpu",
+    seed: int | None = None,
+    options: dict | None = None,
 ) -> CheckResult:
-    """Check one variant of ``op`` at ``shape`` against the reference on ``device``."""
+    """Check one variant of ``op`` at ``shape`` against the reference on ``device``.
+
+    ``options`` are extra keyword arguments for the variant only (e.g. a Triton ``config``).
+    """
     seed = secrets.randbits(62) if seed is None else seed
     chosen = registry.variant(op, variant)
     reason = registry.unavailable_reason(chosen, device)
@@ -93,9 +102,9 @@ def check(
         return CheckResult(op, variant, shape, seed, passed=False, skipped=reason)
     device = torch.device(device)
     case = CASES[op](shape, torch.Generator(device).manual_seed(seed), device)
-    expected = _run(registry.variant(op, registry.REFERENCE).fn, case, device)
+    expected = _run(registry.variant(op, registry.REFERENCE).fn, case, device, {})
     try:
-        actual = _run(chosen.fn, case, device)
+        actual = _run(chosen.fn, case, device, options or {})
     except Exception as error:  # a crash is a failed check, reported with the others
         return CheckResult(op, variant, shape, seed, passed=False, failure=f"{type(error).__name__}: {error}")
     return _compare(op, variant, shape, seed, expected, actual)

@@ -59,6 +59,15 @@ def test_explicit_launch_configs_including_uneven_split_k(config):
         assert ((actual - expected).abs() <= allowed).all()
 
 
+def test_checker_passes_options_to_the_variant_only():
+    shape = {"B": 2, "N": 20, "K": 256, "group": 32}
+    assert check(
+        "w4a16_gemv", "triton", shape, device=DEVICE, options={"config": LaunchConfig(16, 128, 2)}
+    ).passed
+    refused = check("w4a16_gemv", "triton", shape, device=DEVICE, options={"config": LaunchConfig(16, 64, 1)})
+    assert not refused.passed and "16 words" in refused.failure
+
+
 def test_split_k_is_deterministic():
     case = CASES["w4a16_grouped_gemv"](
         {"B": 1, "S": 2, "E": 3, "N": 20, "K": 512, "group": 32},

@@ -101,6 +101,15 @@ def test_gpu_check_plan_and_receipt_fields():
     assert fields["config"]["shipped_default_on_cuda"] is True
     json.dumps(fields)  # receipts must serialise
 
+    _, swept = gpu_check.plan(REFERENCE_CONFIG, 32, (1, 8), ["w4a16_grouped_swiglu"], sweep=True)
+    tuned = [m for m in swept if m.launch is not None]
+    assert [m.name for m in tuned] == [
+        f"w4a16_grouped_swiglu.triton_fused[n{n}_k256_s1]@experts_swiglu_B1:B1xS9xE257xN1024xK2304g32"
+        for n in (16, 32, 64)
+    ]
+    assert tuned[0].options == {"config": tuned[0].launch}
+    json.dumps(gpu_check.receipt_fields(tuned[0], [0.02], 4000.0, 2, {"passed": True}))
+
 
 def test_gpu_check_dry_run_and_missing_gpu(tmp_path):
     dry = _run("-m", "runners.gpu_check", "--dry-run", "--batches", "1")
