@@ -31,6 +31,7 @@ from engine.quant.manifest import (
     part_keys,
     part_nbytes,
     sha256_file,
+    sha256_files,
     sha256_tensor,
     write_manifest,
 )
@@ -234,10 +235,10 @@ def build_artifact(
         hashed_files = [source_dir / s for s in source.shards]
         if (source_dir / INDEX_NAME).is_file():
             hashed_files.append(source_dir / INDEX_NAME)
-        source_hashes: dict[str, str] = {}
         with progress("hashing source", sum(p.stat().st_size for p in hashed_files)) as bar:
-            for path in hashed_files:
-                source_hashes[path.name] = sha256_file(path, bar.update)
+            source_hashes = {
+                path.name: digest for path, digest in sha256_files(hashed_files, bar.update).items()
+            }
 
         writer = _ShardWriter(staging, max_shard_bytes)
         entries: dict[str, dict] = {}

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -49,6 +52,21 @@ def sha256_file(path: Path, on_bytes=None) -> str:
             if on_bytes is not None:
                 on_bytes(len(chunk))
     return digest.hexdigest()
+
+
+def sha256_files(paths: list[Path], on_bytes=None, workers: int | None = None) -> dict[Path, str]:
+    """SHA-256 of several files, hashed in parallel (hashlib releases the GIL); ``on_bytes`` is serialised."""
+    lock = threading.Lock()
+
+    def report(n: int) -> None:
+        if on_bytes is not None:
+            with lock:
+                on_bytes(n)
+
+    workers = workers or min(8, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        digests = pool.map(lambda p: sha256_file(p, report), paths)
+        return dict(zip(paths, digests, strict=True))
 
 
 def bank_name(layer: int, projection: str) -> str:
