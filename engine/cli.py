@@ -2,14 +2,19 @@
 
 import click
 
+from engine.gguf_export import export_gguf_command
+from engine.kernels.cli import kernels
+from engine.quant.cli import quantize, verify
+from engine.synth import synth_command
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """Kimi-Linear inference engine: build checkpoints and artifacts, inspect kernels, serve."""
 
 
-from engine.gguf_export import export_gguf_command  # noqa: E402
-from engine.synth import synth_command  # noqa: E402
-
 main.add_command(synth_command)
 main.add_command(export_gguf_command)
+main.add_command(quantize)
+main.add_command(verify)
+main.add_command(kernels)

@@ -1,16 +1,22 @@
-"""Shared test configuration: GPU-only tests skip cleanly on a machine without CUDA."""
+"""Shared test configuration.
+
+- GPU-only tests (marked `gpu`) skip cleanly on a machine without CUDA.
+- Without CUDA, Triton kernels run in the interpreter. TRITON_INTERPRET must be set before triton is
+  first imported anywhere, so it is set here, before any test module is collected.
+"""
+
+import os
 
 import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+if not HAS_GPU:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config, items):
-    try:
-        import torch
-
-        has_gpu = torch.cuda.is_available()
-    except ImportError:
-        has_gpu = False
-    if has_gpu:
+    if HAS_GPU:
         return
     skip = pytest.mark.skip(reason="needs an NVIDIA GPU")
     for item in items:

@@ -1,0 +1,37 @@
+"""Decode kernels behind a registry: ``get(op, variant=None, device=None)`` returns the function to call.
+
+Operations (signatures in engine/kernels/reference.py): w4a16_gemv, w8a16_gemv, w16a16_gemv,
+w4a16_grouped_gemv, w4a16_grouped_swiglu, route_combine. ``linear(x, weight)`` dispatches a
+:class:`~engine.quant.codec.LinearWeight` to the GEMV for its format.
+"""
+
+from engine.kernels import reference, variants  # noqa: F401  (define the operations, register variants)
+from engine.kernels.linear import GEMV_FOR_FORMAT, linear, linear_fn
+from engine.kernels.registry import (
+    ENV_VAR,
+    KernelSelectionError,
+    KernelUnavailable,
+    Selection,
+    Variant,
+    env_selection,
+    get,
+    operations,
+    select,
+    unavailable_reason,
+)
+
+__all__ = [
+    "ENV_VAR",
+    "GEMV_FOR_FORMAT",
+    "KernelSelectionError",
+    "KernelUnavailable",
+    "Selection",
+    "Variant",
+    "env_selection",
+    "get",
+    "linear",
+    "linear_fn",
+    "operations",
+    "select",
+    "unavailable_reason",
+]

@@ -1,0 +1,162 @@
+"""Kernel registry: every operation has one reference implementation and any number of named variants.
+
+Selection order for ``get(op)``: the explicit ``variant`` argument, then ``KIMI_KERNELS=op=variant,...``,
+then the shipped default for the device type (``engine/kernels/defaults.py``). A selected variant that
+cannot run on the device raises :class:`KernelUnavailable` with the reason; nothing falls back silently.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+ENV_VAR = "KIMI_KERNELS"
+REFERENCE = "reference"
+
+
+class KernelSelectionError(ValueError):
+    """An unknown operation or variant was asked for (argument or ``KIMI_KERNELS``)."""
+
+
+class KernelUnavailable(RuntimeError):
+    """The selected variant cannot run on this device; the message says why."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    op: str
+    name: str
+    fn: Callable
+    backend: str  # "torch" (runs anywhere) or "triton"
+    description: str
+
+    @property
+    def is_reference(self) -> bool:
+        return self.name == REFERENCE
+
+
+@dataclass
+class Operation:
+    name: str
+    description: str
+    variants: dict[str, Variant] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Selection:
+    variant: Variant
+    source: str  # "argument" | "KIMI_KERNELS" | "shipped default"
+    device_type: str
+
+
+_OPERATIONS: dict[str, Operation] = {}
+# Filled by engine.kernels.backends: device type -> reason Triton kernels cannot run there (None: they can).
+_triton_unavailable: Callable[[str], str | None] = lambda device_type: "Triton kernels are not registered"
+
+
+def define(op: str, description: str) -> None:
+    if op in _OPERATIONS:
+        raise KernelSelectionError(f"operation {op!r} is already defined")
+    _OPERATIONS[op] = Operation(op, description)
+
+
+def register(op: str, name: str, *, backend: str, description: str) -> Callable[[Callable], Callable]:
+    """Decorator adding ``fn`` as variant ``name`` of ``op`` (``name="reference"`` is the reference)."""
+    if backend not in ("torch", "triton"):
+        raise KernelSelectionError(f"unknown backend {backend!r}")
+
+    def decorate(fn: Callable) -> Callable:
+        operation = _operation(op)
+        if name in operation.variants:
+            raise KernelSelectionError(f"{op} already has a variant named {name!r}")
+        operation.variants[name] = Variant(op, name, fn, backend, description)
+        return fn
+
+    return decorate
+
+
+def set_triton_availability(check: Callable[[str], str | None]) -> None:
+    global _triton_unavailable
+    _triton_unavailable = check
+
+
+def _operation(op: str) -> Operation:
+    try:
+        return _OPERATIONS[op]
+    except KeyError:
+        raise KernelSelectionError(
+            f"unknown kernel operation {op!r}; known: {', '.join(_OPERATIONS)}"
+        ) from None
+
+
+def operations() -> list[Operation]:
+    return list(_OPERATIONS.values())
+
+
+def variants(op: str) -> list[Variant]:
+    """Variants of ``op``, reference first."""
+    found = _operation(op).variants
+    return sorted(found.values(), key=lambda v: (not v.is_reference, v.name))
+
+
+def variant(op: str, name: str) -> Variant:
+    found = _operation(op).variants
+    if name not in found:
+        raise KernelSelectionError(f"{op} has no variant {name!r}; available: {', '.join(sorted(found))}")
+    return found[name]
+
+
+def device_type(device: torch.device | str | None = None) -> str:
+    if device is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device).type
+
+
+def unavailable_reason(v: Variant, device: torch.device | str | None = None) -> str | None:
+    """Why ``v`` cannot run on ``device`` (None when it can)."""
+    if v.backend == "torch":
+        return None
+    return _triton_unavailable(device_type(device))
+
+
+def env_selection(value: str | None = None) -> dict[str, str]:
+    """Parse ``KIMI_KERNELS`` (``op=variant`` entries, comma-separated); every entry must name real things."""
+    value = os.environ.get(ENV_VAR, "") if value is None else value
+    chosen: dict[str, str] = {}
+    for entry in filter(None, (part.strip() for part in value.split(","))):
+        op, sep, name = (s.strip() for s in entry.partition("="))
+        if not sep or not op or not name:
+            raise KernelSelectionError(f"{ENV_VAR} entry {entry!r} is not of the form op=variant")
+        variant(op, name)  # validates both names
+        if op in chosen and chosen[op] != name:
+            raise KernelSelectionError(f"{ENV_VAR} selects two variants for {op}")
+        chosen[op] = name
+    return chosen
+
+
+def select(op: str, variant_name: str | None = None, device: torch.device | str | None = None) -> Selection:
+    """Resolve which variant runs ``op`` on ``device`` and why; raises if it cannot run there."""
+    from engine.kernels.defaults import SHIPPED_DEFAULTS
+
+    dev = device_type(device)
+    if variant_name is not None:
+        chosen, source = variant(op, variant_name), "argument"
+    elif op in (env := env_selection()):
+        chosen, source = variant(op, env[op]), ENV_VAR
+    else:
+        defaults = SHIPPED_DEFAULTS.get(dev)
+        if defaults is None or op not in defaults:
+            raise KernelSelectionError(f"no shipped default for {op} on {dev}")
+        chosen, source = variant(op, defaults[op]), "shipped default"
+    reason = unavailable_reason(chosen, dev)
+    if reason is not None:
+        raise KernelUnavailable(f"{op}={chosen.name} ({source}) cannot run on {dev}: {reason}")
+    return Selection(chosen, source, dev)
+
+
+def get(op: str, variant_name: str | None = None, device: torch.device | str | None = None) -> Callable:
+    """The function implementing ``op`` on ``device`` (see :func:`select`). Resolve once, outside hot loops."""
+    return select(op, variant_name, device).variant.fn

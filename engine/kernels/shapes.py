@@ -1,0 +1,94 @@
+"""Shape tables: every decode GEMV of a Kimi-Linear config at full size, and small odd edge shapes.
+
+Full shapes come from the HF config (engine/quant/layout.py), so they follow the checkpoint rather
+than constants; edge shapes are deliberately not multiples of any block size.
+"""
+
+from __future__ import annotations
+
+from engine.quant.layout import KimiDims
+
+
+def kimi_shapes(config: dict, *, group: int = 32, batches: tuple[int, ...] = (1,)) -> dict[str, list[dict]]:
+    """Named full-size shapes per operation for batch sizes ``batches``.
+
+    Grouped ops read a bank of routed + shared experts through ``top-k + shared`` slots per token.
+    """
+    d = KimiDims.from_config(config)
+    h = d.hidden_size
+    kda = d.kda_heads * d.kda_head_dim
+    mla_q = d.mla_heads * (d.qk_nope_head_dim + d.qk_rope_head_dim)
+    mla_kv = d.mla_heads * (d.qk_nope_head_dim + d.v_head_dim)
+    mla_o = d.mla_heads * d.v_head_dim
+    dense = {
+        "kda_qkv": (kda, h),
+        "kda_o": (h, kda),
+        "mla_q": (mla_q, h),
+        "mla_kv_b": (mla_kv, d.kv_lora_rank),
+        "mla_o": (h, mla_o),
+        "mlp_gate_up": (d.intermediate_size, h),
+        "mlp_down": (h, d.intermediate_size),
+        "lm_head": (d.vocab_size, h),
+    }
+    shared_in_bank = 1 if d.num_shared_experts == 1 else 0
+    experts = d.num_experts + shared_in_bank
+    slots = d.experts_per_token + shared_in_bank
+    m = d.moe_intermediate_size
+    tables: dict[str, list[dict]] = {op: [] for op in _OPS}
+    for b in batches:
+        for name, (n, k) in dense.items():
+            out = "fp32" if name == "lm_head" else "bf16"
+            tables["w4a16_gemv"].append(
+                {"name": f"{name}_B{b}", "B": b, "N": n, "K": k, "group": group, "out": out}
+            )
+        head = {"name": f"lm_head_B{b}", "B": b, "N": d.vocab_size, "K": h, "group": group, "out": "fp32"}
+        tables["w8a16_gemv"].append(head)
+        tables["w16a16_gemv"].append({k: v for k, v in head.items() if k != "group"})
+        bank = {"B": b, "S": slots, "E": experts, "group": group}
+        tables["w4a16_grouped_gemv"] += [
+            {"name": f"experts_gate_up_B{b}", **bank, "N": m, "K": h},
+            {"name": f"experts_down_B{b}", **bank, "N": h, "K": m, "per_slot": True},
+        ]
+        tables["w4a16_grouped_swiglu"].append({"name": f"experts_swiglu_B{b}", **bank, "N": m, "K": h})
+        tables["route_combine"].append({"name": f"experts_combine_B{b}", "B": b, "S": slots, "N": h})
+    return tables
+
+
+_OPS = (
+    "w4a16_gemv",
+    "w8a16_gemv",
+    "w16a16_gemv",
+    "w4a16_grouped_gemv",
+    "w4a16_grouped_swiglu",
+    "route_combine",
+)
+
+# Small, odd shapes: N and K not multiples of the tiles, batches that are not powers of two, group 64/128.
+EDGE_SHAPES: dict[str, list[dict]] = {
+    "w4a16_gemv": [
+        {"name": "edge_b1", "B": 1, "N": 50, "K": 96, "group": 32},
+        {"name": "edge_b3_g64", "B": 3, "N": 33, "K": 320, "group": 64, "out": "fp32"},
+        {"name": "edge_b8_g128", "B": 8, "N": 17, "K": 384, "group": 128},
+        {"name": "edge_b5_splitk", "B": 5, "N": 20, "K": 1152, "group": 32},
+    ],
+    "w8a16_gemv": [
+        {"name": "edge_b1", "B": 1, "N": 50, "K": 96, "group": 32, "out": "fp32"},
+        {"name": "edge_b6_g64", "B": 6, "N": 19, "K": 704, "group": 64},
+    ],
+    "w16a16_gemv": [
+        {"name": "edge_b1", "B": 1, "N": 50, "K": 96, "out": "fp32"},
+        {"name": "edge_b7", "B": 7, "N": 21, "K": 200},
+    ],
+    "w4a16_grouped_gemv": [
+        {"name": "edge_shared_x", "B": 2, "S": 3, "E": 5, "N": 40, "K": 96, "group": 32},
+        {"name": "edge_per_slot_x", "B": 3, "S": 2, "E": 4, "N": 24, "K": 640, "group": 64, "per_slot": True},
+    ],
+    "w4a16_grouped_swiglu": [
+        {"name": "edge_b1", "B": 1, "S": 3, "E": 6, "N": 20, "K": 160, "group": 32},
+        {"name": "edge_b2_g64", "B": 2, "S": 2, "E": 3, "N": 36, "K": 192, "group": 64},
+    ],
+    "route_combine": [
+        {"name": "edge_b1", "B": 1, "S": 9, "N": 70},
+        {"name": "edge_b3", "B": 3, "S": 5, "N": 300},
+    ],
+}

@@ -1,0 +1,117 @@
+"""Load a quantised artifact for the model: verified first, tensors read on demand.
+
+Typical use by a model loader::
+
+    art = Artifact.open(path)                          # refuses an artifact that fails verification
+    wq = art.linear("model.layers.0.self_attn.q_proj.weight", device)   # LinearWeight (int4/int8/dense)
+    bank = art.expert_bank(1, "w1", device)            # ExpertBank: [slots, N, K/2] codes + scales
+    norm = art.tensor("model.norm.weight", device)
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.quant.codec import LinearWeight
+from engine.quant.manifest import ArtifactError, bank_name, read_manifest
+from engine.quant.plan import Plan
+from engine.quant.progress import ProgressFactory, no_progress
+from engine.quant.verify import verify_artifact
+
+
+class ArtifactVerificationError(ArtifactError):
+    """The artifact failed verification; the message lists every problem."""
+
+
+@dataclass(frozen=True)
+class ExpertBank:
+    """A layer's stacked expert projection: slots ``0..routed-1`` are routed experts, then the shared one."""
+
+    weight: LinearWeight  # [slots, N, ...]
+    routed: int
+    shared_slot: int | None  # index of the shared expert in the bank, or None when stored separately
+
+
+class Artifact:
+    def __init__(self, directory: Path, manifest: dict) -> None:
+        self.directory = Path(directory)
+        self.manifest = manifest
+        self.plan = Plan.from_json(manifest["plan"])
+
+    @classmethod
+    def open(
+        cls, directory: Path, *, verify: bool = True, sample: int = 8, progress: ProgressFactory = no_progress
+    ) -> Artifact:
+        """Open ``directory``; with ``verify`` (default) re-hash every shard and self-check a sample first.
+
+        ``verify=False`` is the explicit override for an artifact known to be good (or deliberately
+        damaged); it warns.
+        """
+        directory = Path(directory)
+        if verify:
+            report = verify_artifact(directory, use_recorded_source=False, sample=sample, progress=progress)
+            if not report.ok:
+                raise ArtifactVerificationError(
+                    f"refusing to load {directory}; it failed verification:\n{report.summary()}"
+                )
+        else:
+            warnings.warn(f"loading {directory} without verification", stacklevel=2)
+        return cls(directory, read_manifest(directory))
+
+    @property
+    def config(self) -> dict | None:
+        path = self.directory / "config.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.manifest["tensors"])
+
+    def entry(self, name: str) -> dict:
+        try:
+            return self.manifest["tensors"][name]
+        except KeyError:
+            raise ArtifactError(f"artifact has no tensor {name!r}") from None
+
+    def _parts(self, name: str, device: torch.device | str) -> tuple[dict, dict[str, torch.Tensor]]:
+        entry = self.entry(name)
+        parts = {}
+        for part, record in entry["parts"].items():
+            with safe_open(self.directory / record["shard"], "pt", device=str(device)) as f:
+                parts[part] = f.get_tensor(record["key"])
+        return entry, parts
+
+    def tensor(self, name: str, device: torch.device | str = "cpu") -> torch.Tensor:
+        """A tensor stored unquantised (norms, router, KDA controls, embedding, a BF16 head, ...)."""
+        entry, parts = self._parts(name, device)
+        if "tensor" not in parts:
+            raise ArtifactError(f"{name} is stored as {entry['precision']}; use linear()")
+        return parts["tensor"]
+
+    def linear(self, name: str, device: torch.device | str = "cpu") -> LinearWeight:
+        """A 2-D weight in its stored format: ``int4``/``int8`` codes + scales, or ``dense``."""
+        entry, parts = self._parts(name, device)
+        if entry["kind"] == "expert_bank":
+            raise ArtifactError(f"{name} is an expert bank; use expert_bank()")
+        if "tensor" in parts:
+            return LinearWeight("dense", parts["tensor"])
+        return LinearWeight(entry["precision"], parts["codes"], parts["scales"], entry["group_size"])
+
+    def expert_bank(self, layer: int, projection: str, device: torch.device | str = "cpu") -> ExpertBank:
+        """The stacked ``w1`` (gate), ``w3`` (up) or ``w2`` (down) bank of an MoE layer."""
+        name = bank_name(layer, projection)
+        entry, parts = self._parts(name, device)
+        sources = entry["sources"]
+        routed = sum(".experts." in s for s in sources)
+        shared = routed if len(sources) > routed else None
+        if "tensor" in parts:
+            weight = LinearWeight("dense", parts["tensor"])
+        else:
+            weight = LinearWeight(entry["precision"], parts["codes"], parts["scales"], entry["group_size"])
+        return ExpertBank(weight, routed, shared)

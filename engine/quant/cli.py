@@ -1,0 +1,117 @@
+"""``kimi-engine quantize`` and ``kimi-engine verify``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import torch
+
+from engine.quant.build import build_artifact
+from engine.quant.codec import SCALE_DTYPES, CodecError
+from engine.quant.manifest import ArtifactError
+from engine.quant.plan import HEAD_PRECISIONS, PLANS, PlanError, make_plan
+from engine.quant.verify import verify_artifact
+
+
+def _progress(label: str, total: int):
+    return click.progressbar(length=max(total, 1), label=label.ljust(16), file=sys.stderr, show_pos=False)
+
+
+def _plan_help() -> str:
+    return "; ".join(f"{name}: {plan.description}" for name, plan in PLANS.items())
+
+
+@click.command(
+    "quantize",
+    help=f"""Quantise checkpoint SRC into artifact directory DST.
+
+Streams SRC (HF safetensors, sharded or not) one tensor at a time into safetensors shards plus
+manifest.json (plan, codec, shapes, per-shard and per-tensor sha256, source hashes); routed experts
+are stacked per layer into banks with the shared expert as the last slot. See docs/INT4.md.
+
+Plans: {_plan_help()}.""",
+)
+@click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("dst", type=click.Path(path_type=Path))
+@click.option("--plan", "plan_name", type=click.Choice(list(PLANS)), default="default", show_default=True)
+@click.option("--group-size", type=int, help="Inputs per scale (power of two >= 16; plan default 32).")
+@click.option("--lm-head", type=click.Choice(HEAD_PRECISIONS), help="Override the plan's LM head precision.")
+@click.option("--scale-dtype", type=click.Choice(sorted(SCALE_DTYPES)), help="Override the scale dtype.")
+@click.option(
+    "--shard-mib", type=click.IntRange(min=1), default=2048, show_default=True, help="Output shard size."
+)
+@click.option("--device", default="auto", show_default=True, help="Where to quantise: cpu, cuda, or auto.")
+@click.option("--force", is_flag=True, help="Replace DST if it is an existing artifact.")
+@click.option(
+    "--verify/--no-verify", default=True, show_default=True, help="Verify the artifact once written."
+)
+def quantize(src, dst, plan_name, group_size, lm_head, scale_dtype, shard_mib, device, force, verify) -> None:
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        plan = make_plan(plan_name, group_size=group_size, lm_head=lm_head, scale_dtype=scale_dtype)
+        manifest = build_artifact(
+            src,
+            dst,
+            plan,
+            max_shard_bytes=shard_mib * 2**20,
+            device=device,
+            overwrite=force,
+            progress=_progress,
+        )
+    except (ArtifactError, PlanError, CodecError) as error:
+        raise click.ClickException(str(error)) from error
+    source_bytes = manifest["source"]["tensor_bytes"]
+    stored = manifest["stored_tensor_bytes"]
+    quantised = sum(
+        len(e["sources"]) for e in manifest["tensors"].values() if e["precision"] in ("int4", "int8")
+    )
+    click.echo(
+        f"wrote {dst}: {len(manifest['shards'])} shards, {quantised} of {manifest['source']['tensor_count']} "
+        f"source tensors quantised, {source_bytes:,} -> {stored:,} bytes ({source_bytes / stored:.2f}x smaller)"
+    )
+    if verify:
+        _report(verify_artifact(dst, source=src, progress=_progress))
+
+
+@click.command("verify")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--source",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Checkpoint to round-trip against (default: the one recorded in the manifest, if present).",
+)
+@click.option(
+    "--no-source", is_flag=True, help="Skip the round trip; only check hashes and self-consistency."
+)
+@click.option(
+    "--sample",
+    type=click.IntRange(min=0),
+    default=16,
+    show_default=True,
+    help="Source tensors (or bank slots) to round-trip.",
+)
+@click.option("--all", "check_all", is_flag=True, help="Round-trip every tensor instead of a sample.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample.")
+def verify(directory, source, no_source, sample, check_all, seed) -> None:
+    """Re-hash every shard of artifact DIRECTORY and check round-trip error bounds on a sample.
+
+    A flipped byte, a swapped or missing tensor, or an out-of-bound round trip is named; exits 1 then.
+    """
+    report = verify_artifact(
+        directory,
+        source=source,
+        use_recorded_source=not no_source,
+        sample=None if check_all else sample,
+        seed=seed,
+        progress=_progress,
+    )
+    _report(report)
+
+
+def _report(report) -> None:
+    click.echo(report.summary())
+    if not report.ok:
+        sys.exit(1)

@@ -1,0 +1,188 @@
+"""Weight codecs: symmetric INT4 / INT8 with one scale per group of inputs.
+
+This plain-PyTorch code is the reference every kernel is checked against.
+
+Conventions (see docs/INT4.md):
+- a weight is ``[..., N, K]`` (``N`` outputs, ``K`` inputs = the reduction axis);
+- groups run along ``K``: group ``j`` of row ``n`` covers inputs ``j*G .. j*G+G-1``;
+- ``scale = absmax(group) / QMAX`` rounded to the scale dtype (BF16 or FP16); codes are
+  ``round(w / scale)`` computed against the *rounded* scale, so encoder and decoder share one grid;
+  INT4 codes lie in ``[-7, 7]`` and INT8 codes in ``[-127, 127]`` (the decoders accept -8 / -128 too);
+- INT4 packs two codes per byte: input ``2j`` in the **low** nibble, ``2j+1`` in the **high** nibble,
+  each a two's-complement 4-bit value;
+- dequantised value = ``code * scale`` in FP32, which is exact (a BF16/FP16 scale times a small integer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+INT4_MAX = 7
+INT8_MAX = 127
+FORMATS = ("int4", "int8", "dense")
+SCALE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+class CodecError(ValueError):
+    """A tensor cannot be encoded as asked (wrong shape, group size or non-finite values)."""
+
+
+@dataclass(frozen=True)
+class LinearWeight:
+    """A linear layer's weight in one storage format; leading axes (e.g. an expert bank) are allowed.
+
+    - ``int4``: ``data`` uint8 ``[..., N, K/2]``, ``scales`` ``[..., N, K/G]``;
+    - ``int8``: ``data`` int8 ``[..., N, K]``, ``scales`` ``[..., N, K/G]``;
+    - ``dense``: ``data`` float ``[..., N, K]`` (BF16/FP16/FP32), no scales.
+    """
+
+    format: str
+    data: torch.Tensor
+    scales: torch.Tensor | None = None
+    group_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.format not in FORMATS:
+            raise CodecError(f"unknown weight format {self.format!r}; expected one of {FORMATS}")
+        if self.format == "dense":
+            if self.scales is not None or self.group_size is not None:
+                raise CodecError("a dense weight has no scales or group size")
+            return
+        if self.scales is None or self.group_size is None:
+            raise CodecError(f"an {self.format} weight needs scales and a group size")
+        expected = (*self.data.shape[:-1], self.in_features // self.group_size)
+        if tuple(self.scales.shape) != expected:
+            raise CodecError(
+                f"{self.format} scales have shape {tuple(self.scales.shape)}, expected {expected} "
+                f"for data {tuple(self.data.shape)} and group size {self.group_size}"
+            )
+
+    @property
+    def in_features(self) -> int:
+        return self.data.shape[-1] * 2 if self.format == "int4" else self.data.shape[-1]
+
+    @property
+    def out_features(self) -> int:
+        return self.data.shape[-2]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The logical (dequantised) shape ``[..., N, K]``."""
+        return (*self.data.shape[:-1], self.in_features)
+
+    @property
+    def nbytes(self) -> int:
+        scale_bytes = 0 if self.scales is None else self.scales.numel() * self.scales.element_size()
+        return self.data.numel() * self.data.element_size() + scale_bytes
+
+    def to(self, device: torch.device | str) -> LinearWeight:
+        scales = None if self.scales is None else self.scales.to(device)
+        return LinearWeight(self.format, self.data.to(device), scales, self.group_size)
+
+
+def _groups_and_absmax(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    if weight.ndim < 2:
+        raise CodecError(f"only matrices can be quantised, got shape {tuple(weight.shape)}")
+    k = weight.shape[-1]
+    if group_size <= 0 or group_size % 2 or k % group_size:
+        raise CodecError(
+            f"input dimension {k} is not a multiple of the group size {group_size} (even, > 0); "
+            "refusing to pad"
+        )
+    grouped = weight.float().reshape(*weight.shape[:-1], k // group_size, group_size)
+    absmax = grouped.abs().amax(-1)
+    if not torch.isfinite(absmax).all():
+        raise CodecError("weight contains inf or NaN; refusing to quantise")
+    return grouped, absmax
+
+
+def _scales_and_codes(
+    weight: torch.Tensor, group_size: int, qmax: int, scale_dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    grouped, absmax = _groups_and_absmax(weight, group_size)
+    scales = (absmax / qmax).to(scale_dtype)
+    if not torch.isfinite(scales).all():
+        raise CodecError(f"a group scale overflows {scale_dtype}; use BF16 scales")
+    # An all-zero (or underflowing) group encodes as zeros under any scale; 1.0 keeps decoding finite.
+    scales = torch.where(scales == 0, torch.ones_like(scales), scales)
+    codes = torch.round(grouped / scales.float().unsqueeze(-1)).clamp_(-qmax, qmax)
+    return codes.reshape(weight.shape).to(torch.int8), scales
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """Pack signed codes in [-8, 7] (int8 ``[..., K]``, K even) into uint8 ``[..., K/2]``."""
+    if codes.shape[-1] % 2:
+        raise CodecError(f"cannot pack an odd number of INT4 codes ({codes.shape[-1]})")
+    nibbles = codes.to(torch.int16) & 0xF
+    return (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).to(torch.uint8)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`pack_int4`: uint8 ``[..., K/2]`` -> signed int8 ``[..., K]``."""
+    if packed.dtype != torch.uint8:
+        raise CodecError(f"packed INT4 codes must be uint8, got {packed.dtype}")
+    as_int = packed.to(torch.int16)
+    low, high = as_int & 0xF, as_int >> 4
+    signed = torch.stack((low, high), dim=-1).reshape(*packed.shape[:-1], packed.shape[-1] * 2)
+    return ((signed ^ 8) - 8).to(torch.int8)
+
+
+def quantize(
+    weight: torch.Tensor, fmt: str, group_size: int, scale_dtype: torch.dtype = torch.bfloat16
+) -> LinearWeight:
+    """Encode a float weight ``[..., N, K]`` as ``int4`` or ``int8`` with per-group scales."""
+    if fmt == "int4":
+        codes, scales = _scales_and_codes(weight, group_size, INT4_MAX, scale_dtype)
+        return LinearWeight("int4", pack_int4(codes), scales, group_size)
+    if fmt == "int8":
+        codes, scales = _scales_and_codes(weight, group_size, INT8_MAX, scale_dtype)
+        return LinearWeight("int8", codes, scales, group_size)
+    raise CodecError(f"cannot quantise to {fmt!r}; expected 'int4' or 'int8'")
+
+
+def integer_codes(weight: LinearWeight) -> torch.Tensor:
+    """The signed integer codes ``[..., N, K]`` of a quantised weight."""
+    if weight.format == "int4":
+        return unpack_int4(weight.data)
+    if weight.format == "int8":
+        return weight.data
+    raise CodecError("a dense weight has no integer codes")
+
+
+def dequantize(weight: LinearWeight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The weight as a float tensor ``[..., N, K]``; exact in FP32 (rounded once if ``dtype`` is narrower)."""
+    if weight.format == "dense":
+        return weight.data.to(dtype)
+    codes = integer_codes(weight).float()
+    group = weight.group_size
+    grouped = codes.reshape(*codes.shape[:-1], codes.shape[-1] // group, group)
+    values = grouped * weight.scales.float().unsqueeze(-1)
+    return values.reshape(codes.shape).to(dtype)
+
+
+def roundtrip_error_bound(weight: LinearWeight) -> torch.Tensor:
+    """Per-element bound on ``|dequantize(quantize(w)) - w|`` in FP32, shaped like the weight.
+
+    Codes are nearest-integer against the stored scale, and ``absmax / scale <= QMAX / (1 - u)`` with
+    ``u`` the scale dtype's unit roundoff, which stays below ``QMAX + 0.5``: no element is ever clamped
+    by more than half a step. The small factor covers FP32 division rounding.
+    """
+    half_step = 0.5 * weight.scales.float() * (1 + 2**-16)
+    group = weight.group_size
+    return half_step.repeat_interleave(group, dim=-1)
+
+
+def quantized_nbytes(shape: tuple[int, ...], fmt: str, group_size: int, scale_dtype: torch.dtype) -> int:
+    """Bytes stored for a ``[..., N, K]`` weight in ``fmt`` (codes + scales)."""
+    *lead, k = shape
+    rows = 1
+    for dim in lead:
+        rows *= dim
+    scale_bytes = rows * (k // group_size) * scale_dtype.itemsize
+    if fmt == "int4":
+        return rows * k // 2 + scale_bytes
+    if fmt == "int8":
+        return rows * k + scale_bytes
+    raise CodecError(f"no quantised size for format {fmt!r}")

@@ -1,0 +1,39 @@
+"""Pins the shipped defaults: an ordinary CUDA run uses the Triton kernels the benchmarks measure.
+
+Changing a default is a deliberate act: update this table together with the receipts that justify it.
+"""
+
+import pytest
+
+import engine.kernels  # noqa: F401
+from engine.kernels import registry
+from engine.kernels.defaults import SHIPPED_DEFAULTS
+
+PINNED_CUDA = {
+    "w4a16_gemv": "triton",
+    "w8a16_gemv": "triton",
+    "w16a16_gemv": "triton",
+    "w4a16_grouped_gemv": "triton",
+    "w4a16_grouped_swiglu": "triton_fused",
+    "route_combine": "triton",
+}
+
+
+def test_cuda_defaults_are_pinned_and_never_the_reference():
+    assert SHIPPED_DEFAULTS["cuda"] == PINNED_CUDA
+    for op, name in PINNED_CUDA.items():
+        assert registry.variant(op, name).backend == "triton"
+
+
+@pytest.mark.parametrize("op", sorted(PINNED_CUDA))
+def test_plain_resolution_on_cuda_picks_the_pinned_variant(monkeypatch, op):
+    """No argument, no KIMI_KERNELS: what a model load on a GPU gets."""
+    monkeypatch.delenv(registry.ENV_VAR, raising=False)
+    monkeypatch.setattr(registry, "_triton_unavailable", lambda dev: None)  # pretend a GPU is present
+    selected = registry.select(op, device="cuda")
+    assert (selected.variant.name, selected.source) == (PINNED_CUDA[op], "shipped default")
+
+
+def test_cpu_defaults_run_anywhere():
+    for op, name in SHIPPED_DEFAULTS["cpu"].items():
+        assert registry.unavailable_reason(registry.variant(op, name), "cpu") is None
