@@ -289,8 +289,8 @@ class Translator:
         function = fragment.get("function")
         if isinstance(function, dict):
             name = function.get("name")
-            # Some engines repeat the whole name on every delta: only grow it before arguments begin.
-            if isinstance(name, str) and name and not call.args:
+            # Names may arrive split; some engines repeat the whole name on every delta.
+            if isinstance(name, str) and name and not call.started and name != call.name:
                 call.name += name
             args = function.get("arguments")
             if isinstance(args, str) and args:

@@ -99,7 +99,9 @@ def messages_to_upstream(messages: list[Message], config: Config) -> list[dict[s
                     pending_images.extend(part.images)
         elif role == "system":
             text = "\n\n".join(p.text for p in message.parts if isinstance(p, TextPart))
-            if text:
+            if text and out and out[-1]["role"] == "system":
+                out[-1]["content"] += "\n\n" + text  # chat templates want one system message, not a run
+            elif text:
                 out.append({"role": "system", "content": text})
         elif message.parts:
             out.append({"role": "user", "content": _user_content(message.parts)})
