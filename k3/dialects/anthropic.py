@@ -403,7 +403,16 @@ class Stream:
 
 
 def models_json(ids: list[str]) -> dict[str, Any]:
-    data = [{"type": "model", "id": i, "display_name": i, "created_at": "1970-01-01T00:00:00Z"} for i in ids]
+    data = [
+        {
+            "type": "model",
+            "id": i,
+            "display_name": i,
+            "created_at": "1970-01-01T00:00:00Z",
+            "lifecycle": "active",
+        }
+        for i in ids
+    ]
     return {
         "data": data,
         "has_more": False,

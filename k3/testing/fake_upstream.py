@@ -47,7 +47,7 @@ class Reply:
     status: int = 200  # >= 400: answer with an error body instead
     error: str = "scripted upstream error"
     chunk_chars: int = 8  # characters per streamed slice of text, reasoning and arguments
-    delay: float = 0.0  # seconds before each streamed chunk
+    delay: float = 0.0  # seconds before each streamed chunk (before the body, for JSON replies)
     cut_after: int | None = None  # end the stream after this many chunks: no finish, no [DONE]
     error_after: int | None = None  # after this many chunks send an {"error": ...} chunk and stop
 
@@ -219,6 +219,8 @@ class FakeUpstream:
             }
             return await self._json(send, reply.status, {"object": "error", **error, "error": error})
         if not payload.get("stream"):
+            if reply.delay:
+                await asyncio.sleep(reply.delay)
             return await self._json(send, 200, self.completion(payload, reply))
         headers = [(b"content-type", b"text/event-stream")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
