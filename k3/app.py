@@ -34,7 +34,6 @@ from k3.detect import Detection, detect
 from k3.dialects import anthropic, chat, responses
 from k3.dialects.common import Turn, new_id
 from k3.errors import ProxyError, bad_request, error_body
-from k3.ir import Event
 from k3.pipeline import Collector, Translator, completion_to_chunk, make_text_parser
 from k3.tokens import estimate
 from k3.upstream import Upstream
@@ -47,6 +46,8 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 DIALECTS: dict[str, ModuleType] = {"anthropic": anthropic, "chat": chat, "responses": responses}
+
+WATCH_AFTER = 0.05  # seconds into a turn before a task starts watching for the client hanging up
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 _SSE_HEADERS = [
@@ -98,16 +99,37 @@ class Stats:
 
 
 class _Writer:
-    """The single writer of one SSE response: commits the 200 once, then frames and keep-alives."""
+    """The single writer of one SSE response: commits the 200 once, then writes frames. A timer
+    (not a task: most turns never need it) writes a keep-alive frame after `interval` seconds
+    without output, committing the 200 first if no event came yet."""
 
-    __slots__ = ("_send", "_start", "_headers", "_lock", "committed", "last")
+    __slots__ = (
+        "_send",
+        "_start",
+        "_headers",
+        "_lock",
+        "_frame",
+        "_interval",
+        "_timer",
+        "_ping",
+        "committed",
+        "closed",
+        "last",
+    )
 
-    def __init__(self, send: Send, start: bytes, headers: list[tuple[bytes, bytes]]):
+    def __init__(
+        self, send: Send, start: bytes, headers: list[tuple[bytes, bytes]], keepalive: bytes, interval: float
+    ):
         self._send = send
         self._start = start  # the dialect's opening frames, written with the first bytes
         self._headers = headers
         self._lock = asyncio.Lock()
+        self._frame = keepalive
+        self._interval = interval
+        self._timer: asyncio.TimerHandle | None = None
+        self._ping: asyncio.Future[None] | None = None
         self.committed = False
+        self.closed = False
         self.last = time.monotonic()
 
     async def _commit(self) -> None:
@@ -118,6 +140,8 @@ class _Writer:
 
     async def write(self, data: bytes) -> None:
         async with self._lock:
+            if self.closed:
+                return
             await self._commit()
             if data:
                 await self._send({"type": "http.response.body", "body": data, "more_body": True})
@@ -125,15 +149,65 @@ class _Writer:
 
     async def close(self, data: bytes = b"") -> None:
         async with self._lock:
+            if self.closed:
+                return
+            self.closed = True
             await self._commit()
             await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
-    async def keepalive(self, frame: bytes, interval: float) -> None:
-        """Runs beside the turn: after `interval` seconds without output, commit and send `frame`."""
+    def arm(self) -> None:
+        self._timer = asyncio.get_running_loop().call_later(self._interval, self._tick)
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._ping is not None:
+            self._ping.cancel()
+
+    def _tick(self) -> None:
+        idle = time.monotonic() - self.last
+        if idle >= self._interval:
+            if self._ping is None or self._ping.done():
+                self._ping = asyncio.ensure_future(self._keepalive())
+            idle = 0.0
+        self._timer = asyncio.get_running_loop().call_later(self._interval - idle, self._tick)
+
+    async def _keepalive(self) -> None:
+        try:
+            await self.write(self._frame)
+        except Exception:  # the client is gone: the turn itself notices and ends
+            log.debug("keep-alive write failed", exc_info=True)
+
+
+class _Hangup:
+    """Watches for the client hanging up and then cancels the turn's task (closing the upstream
+    request with it). Started by a timer, so turns shorter than WATCH_AFTER never pay for it."""
+
+    __slots__ = ("_task", "_receive", "_watcher", "finished", "hung_up")
+
+    def __init__(self, task: asyncio.Task[Any], receive: Receive):
+        self._task = task
+        self._receive = receive
+        self._watcher: asyncio.Future[None] | None = None
+        self.finished = False
+        self.hung_up = False
+
+    def start(self) -> None:
+        self._watcher = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
         while True:
-            await asyncio.sleep(max(0.0, self.last + interval - time.monotonic()))
-            if time.monotonic() - self.last >= interval:
-                await self.write(frame)
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                if not self.finished:
+                    self.hung_up = True
+                    self._task.cancel()
+                return
+
+    def stop(self) -> None:
+        self.finished = True
+        if self._watcher is not None:
+            self._watcher.cancel()
 
 
 class K3:
@@ -247,30 +321,18 @@ class K3:
         """Run `work`; if the client disconnects first, cancel it (closing the upstream request)."""
         task = asyncio.current_task()
         assert task is not None
-        finished = False
-        disconnected = False
-
-        async def watch() -> None:
-            nonlocal disconnected
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    if not finished:
-                        disconnected = True
-                        task.cancel()
-                    return
-
-        watcher = asyncio.ensure_future(watch())
+        hangup = _Hangup(task, receive)
+        timer = asyncio.get_running_loop().call_later(WATCH_AFTER, hangup.start)
         try:
             await work
         except asyncio.CancelledError:
-            if not disconnected:
+            if not hangup.hung_up:
                 raise
             task.uncancel()
             self.stats.counters["disconnects"] += 1
         finally:
-            finished = True
-            watcher.cancel()
+            timer.cancel()
+            hangup.stop()
 
     def _translator(self, turn: Turn, payload: bytes) -> Translator:
         return Translator(make_text_parser(self.config.tool_parser), turn.request.stop, len(payload) // 4)
@@ -299,39 +361,31 @@ class K3:
         self.stats.counters["streamed"] += 1
         encoder = DIALECTS[turn.dialect].Stream(turn)
         headers = [*_SSE_HEADERS, (b"x-k3-preset", turn.preset.name.encode())]
-        writer = _Writer(send, encoder.start(), headers)
+        writer = _Writer(send, encoder.start(), headers, encoder.keepalive, self.config.keepalive_interval)
         translator = self._translator(turn, payload)
-        pinger: asyncio.Future[None] | None = None
-
-        def frames(events: list[Event]) -> bytes:
-            return b"".join([encoder.feed(e) for e in events])
-
+        feed = encoder.feed
         try:
             try:
                 async with self.upstream.stream(payload) as chunks:
-                    pinger = asyncio.ensure_future(
-                        writer.keepalive(encoder.keepalive, self.config.keepalive_interval)
-                    )
+                    writer.arm()
                     async for chunk in chunks:
                         events = translator.feed(chunk)
                         if events:
-                            await writer.write(frames(events))
-                    await writer.close(frames(translator.finish()))
+                            await writer.write(b"".join([feed(e) for e in events]))
+                    await writer.close(b"".join([feed(e) for e in translator.finish()]))
             except (ProxyError, asyncio.CancelledError):
                 raise
             except Exception as exc:
                 raise _translation_error(exc) from exc
         except ProxyError as err:
             self.stats.counters["errors"] += 1
-            if pinger is not None:
-                pinger.cancel()
+            writer.disarm()
             if writer.committed:
                 await writer.close(encoder.error(err))
             else:
                 await send_json(send, err.status, error_body(turn.dialect, err))
         finally:
-            if pinger is not None:
-                pinger.cancel()
+            writer.disarm()
 
     # -- side routes ----------------------------------------------------------------------------
 

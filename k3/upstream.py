@@ -58,6 +58,12 @@ def _stream_error(chunk: dict[str, Any]) -> ProxyError:
 
 
 class Upstream:
+    """One pooled `httpx.AsyncClient`. Chat completions, the hot path, go straight to the client's
+    transport (its connection pool) with a prepared request, and read the raw body stream: the
+    client layer's URL merging, cookie jar, auth, redirect and decoding machinery is not needed
+    there (k3 sends no Accept-Encoding, so bodies come uncompressed) and costs more than the rest
+    of a turn's translation. Side calls (/models, /tokenize) use the client itself."""
+
     def __init__(self, config: Config, transport: httpx.AsyncBaseTransport | None = None):
         self.base = config.upstream_base
         self.chat_url = self.base + "/chat/completions"
@@ -66,7 +72,14 @@ class Upstream:
             headers["authorization"] = f"Bearer {config.upstream_api_key}"
         timeout = httpx.Timeout(config.read_timeout, connect=config.connect_timeout)
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=60)
-        self.client = httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits, transport=transport)
+        self.transport = transport or httpx.AsyncHTTPTransport(limits=limits)
+        self.client = httpx.AsyncClient(headers=headers, timeout=timeout, transport=self.transport)
+        self._chat_url = httpx.URL(self.chat_url)
+        # A request built from a stream gets no automatic headers: Host comes from here.
+        self._headers = [(b"Host", self._chat_url.netloc)] + [
+            (k.encode(), v.encode()) for k, v in headers.items()
+        ]
+        self._extensions = {"timeout": timeout.as_dict()}
         # Server root for the tokenizer endpoints (vLLM and llama.cpp serve /tokenize there, not under /v1).
         self.root = self.base[: -len("/v1")] if self.base.endswith("/v1") else self.base
         self.tokenizer: str | None = None  # "vllm" | "llama.cpp" | "none", learned on first use
@@ -74,20 +87,31 @@ class Upstream:
     async def aclose(self) -> None:
         await self.client.aclose()
 
+    def _chat_request(self, body: bytes) -> httpx.Request:
+        headers = [*self._headers, (b"Content-Length", str(len(body)).encode())]
+        return httpx.Request(
+            "POST",
+            self._chat_url,
+            headers=headers,
+            stream=httpx.ByteStream(body),
+            extensions=self._extensions,
+        )
+
     async def complete(self, body: bytes) -> dict[str, Any]:
         """Non-streaming chat completion."""
         try:
-            response = await self.client.post(self.chat_url, content=body)
+            response = await self.transport.handle_async_request(self._chat_request(body))
+            try:
+                content = b"".join([piece async for piece in response.stream])  # type: ignore[union-attr]
+            finally:
+                await response.aclose()
         except httpx.TransportError as exc:
             raise _transport_error(exc, self.chat_url) from exc
         if response.status_code >= 400:
-            raise ProxyError(
-                response.status_code,
-                upstream_message(response.status_code, response.content),
-                code="upstream_error",
-            )
+            message = upstream_message(response.status_code, content)
+            raise ProxyError(response.status_code, message, code="upstream_error")
         try:
-            completion = orjson.loads(response.content)
+            completion = orjson.loads(content)
         except orjson.JSONDecodeError:
             raise ProxyError(502, "upstream sent a body that is not JSON", code="upstream_protocol") from None
         if not isinstance(completion, dict):
@@ -98,22 +122,27 @@ class Upstream:
     async def stream(self, body: bytes) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
         """Streaming chat completion: yields an iterator of chunk objects. Status errors raise here,
         before any chunk, so the caller can still answer with a plain JSON error."""
-        request = self.client.build_request("POST", self.chat_url, content=body)
         try:
-            response = await self.client.send(request, stream=True)
+            response = await self.transport.handle_async_request(self._chat_request(body))
         except httpx.TransportError as exc:
             raise _transport_error(exc, self.chat_url) from exc
         try:
             if response.status_code >= 400:
                 raw = b""
-                async for piece in response.aiter_bytes():
-                    raw += piece
-                    if len(raw) > _ERROR_BODY_LIMIT:
-                        break
-                raise ProxyError(
-                    response.status_code, upstream_message(response.status_code, raw), code="upstream_error"
-                )
-            yield self._chunks(response)
+                try:
+                    async for piece in response.stream:  # type: ignore[union-attr]
+                        raw += piece
+                        if len(raw) > _ERROR_BODY_LIMIT:
+                            break
+                except httpx.TransportError:
+                    pass  # the status is the message; a cut error body does not change it
+                message = upstream_message(response.status_code, raw)
+                raise ProxyError(response.status_code, message, code="upstream_error")
+            chunks = self._chunks(response)
+            try:
+                yield chunks
+            finally:
+                await chunks.aclose()
         finally:
             await response.aclose()
 
@@ -121,7 +150,7 @@ class Upstream:
         decoder = SSEDecoder()
         finished = False
         try:
-            async for raw in response.aiter_bytes():
+            async for raw in response.stream:  # type: ignore[union-attr]
                 for data in decoder.feed(raw):
                     if data == b"[DONE]":
                         return
