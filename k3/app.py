@@ -76,6 +76,10 @@ async def send_json(
     await send({"type": "http.response.body", "body": body})
 
 
+class ClientGone(Exception):
+    """The client hung up before its request body was read."""
+
+
 def _translation_error(exc: Exception) -> ProxyError:
     log.exception("could not translate the upstream reply")
     return ProxyError(
@@ -246,7 +250,7 @@ class K3:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                raise asyncio.CancelledError
+                raise ClientGone
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
@@ -301,7 +305,7 @@ class K3:
         except ProxyError as err:
             self.stats.counters["errors"] += 1
             return await send_json(send, err.status, error_body(dialect, err))
-        except asyncio.CancelledError:
+        except ClientGone:
             self.stats.counters["disconnects"] += 1
             return
         self.stats.counters["requests"] += 1
@@ -334,6 +338,10 @@ class K3:
             timer.cancel()
             hangup.stop()
 
+    def _failed(self, turn: Turn, err: ProxyError) -> None:
+        self.stats.counters["errors"] += 1
+        log.warning("%s turn for %s failed: %d %s", turn.dialect, turn.preset.name, err.status, err.message)
+
     def _translator(self, turn: Turn, payload: bytes) -> Translator:
         return Translator(make_text_parser(self.config.tool_parser), turn.request.stop, len(payload) // 4)
 
@@ -347,14 +355,11 @@ class K3:
                 collector.add(event)
             for event in translator.finish():
                 collector.add(event)
-        except ProxyError as err:
-            self.stats.counters["errors"] += 1
-            return await send_json(send, err.status, error_body(turn.dialect, err))
+            body = orjson.dumps(module.render(collector.response(), turn))
         except Exception as exc:
-            err = _translation_error(exc)
-            self.stats.counters["errors"] += 1
+            err = exc if isinstance(exc, ProxyError) else _translation_error(exc)
+            self._failed(turn, err)
             return await send_json(send, err.status, error_body(turn.dialect, err))
-        body = orjson.dumps(module.render(collector.response(), turn))
         await send_json(send, 200, body, [(b"x-k3-preset", turn.preset.name.encode())])
 
     async def _stream(self, turn: Turn, payload: bytes, send: Send) -> None:
@@ -368,8 +373,8 @@ class K3:
             try:
                 async with self.upstream.stream(payload) as chunks:
                     writer.arm()
-                    async for chunk in chunks:
-                        events = translator.feed(chunk)
+                    async for batch in chunks:
+                        events = [e for chunk in batch for e in translator.feed(chunk)]
                         if events:
                             await writer.write(b"".join([feed(e) for e in events]))
                     await writer.close(b"".join([feed(e) for e in translator.finish()]))
@@ -378,7 +383,7 @@ class K3:
             except Exception as exc:
                 raise _translation_error(exc) from exc
         except ProxyError as err:
-            self.stats.counters["errors"] += 1
+            self._failed(turn, err)
             writer.disarm()
             if writer.committed:
                 await writer.close(encoder.error(err))
@@ -398,7 +403,7 @@ class K3:
             body = self.parse_json(raw)
         except ProxyError as err:
             return await send_json(send, err.status, error_body("anthropic", err))
-        except asyncio.CancelledError:
+        except ClientGone:
             return
         self.stats.counters["count_tokens"] += 1
         try:

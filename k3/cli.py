@@ -182,6 +182,9 @@ def serve(
     click.echo("\nother clients: k3 presets -v   (setup for every preset)")
     sys.stdout.flush()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(
+        max(logging.WARNING, logging.getLogger().level)
+    )  # no line per side call
     server = uvicorn.Server(
         uvicorn.Config(
             create_app(config),
@@ -349,12 +352,13 @@ async def _probe_stream(upstream: Any, model: str, messages: list[dict[str, Any]
     seen = {"content": 0, "reasoning": 0, "usage": False}
     try:
         async with upstream.stream(orjson.dumps(payload)) as chunks:
-            async for chunk in chunks:
-                seen["usage"] = seen["usage"] or isinstance(chunk.get("usage"), dict)
-                for choice in chunk.get("choices") or []:
-                    delta = choice.get("delta") or {}
-                    seen["content"] += bool(delta.get("content"))
-                    seen["reasoning"] += bool(delta.get("reasoning_content") or delta.get("reasoning"))
+            async for batch in chunks:
+                for chunk in batch:
+                    seen["usage"] = seen["usage"] or isinstance(chunk.get("usage"), dict)
+                    for choice in chunk.get("choices") or []:
+                        delta = choice.get("delta") or {}
+                        seen["content"] += bool(delta.get("content"))
+                        seen["reasoning"] += bool(delta.get("reasoning_content") or delta.get("reasoning"))
     except ProxyError as err:
         click.echo(f"  FAIL  streamed completion: HTTP {err.status}: {err.message}")
         return False

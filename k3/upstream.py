@@ -57,6 +57,40 @@ def _stream_error(chunk: dict[str, Any]) -> ProxyError:
     return ProxyError(status, str(message or "upstream reported an error mid-stream"), code="upstream_error")
 
 
+class _ChunkReader:
+    """SSE payloads -> chunk objects; notes `[DONE]`, an error chunk, and whether a finish_reason was seen."""
+
+    __slots__ = ("done", "finished", "error")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.finished = False
+        self.error: ProxyError | None = None
+
+    def parse(self, payloads: list[bytes]) -> list[dict[str, Any]]:
+        batch = []
+        for data in payloads:
+            if data == b"[DONE]":
+                self.done = True
+                break
+            try:
+                chunk = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                continue  # engines occasionally emit non-JSON notices; nothing to translate
+            if not isinstance(chunk, dict):
+                continue
+            if "error" in chunk and not chunk.get("choices"):
+                self.error = _stream_error(chunk)  # raised after the chunks before it are passed on
+                break
+            if not self.finished:
+                choices = chunk.get("choices")
+                self.finished = (
+                    bool(choices) and isinstance(choices[0], dict) and bool(choices[0].get("finish_reason"))
+                )
+            batch.append(chunk)
+        return batch
+
+
 class Upstream:
     """One pooled `httpx.AsyncClient`. Chat completions, the hot path, go straight to the client's
     transport (its connection pool) with a prepared request, and read the raw body stream: the
@@ -119,8 +153,8 @@ class Upstream:
         return completion
 
     @asynccontextmanager
-    async def stream(self, body: bytes) -> AsyncIterator[AsyncIterator[dict[str, Any]]]:
-        """Streaming chat completion: yields an iterator of chunk objects. Status errors raise here,
+    async def stream(self, body: bytes) -> AsyncIterator[AsyncIterator[list[dict[str, Any]]]]:
+        """Streaming chat completion: yields an iterator of chunk batches. Status errors raise here,
         before any chunk, so the caller can still answer with a plain JSON error."""
         try:
             response = await self.transport.handle_async_request(self._chat_request(body))
@@ -138,7 +172,7 @@ class Upstream:
                     pass  # the status is the message; a cut error body does not change it
                 message = upstream_message(response.status_code, raw)
                 raise ProxyError(response.status_code, message, code="upstream_error")
-            chunks = self._chunks(response)
+            chunks = self._batches(response)
             try:
                 yield chunks
             finally:
@@ -146,36 +180,28 @@ class Upstream:
         finally:
             await response.aclose()
 
-    async def _chunks(self, response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    async def _batches(self, response: httpx.Response) -> AsyncIterator[list[dict[str, Any]]]:
+        """Chunk objects, batched per network read: what arrived together is translated and
+        written to the client together."""
         decoder = SSEDecoder()
-        finished = False
+        reader = _ChunkReader()
         try:
             async for raw in response.stream:  # type: ignore[union-attr]
-                for data in decoder.feed(raw):
-                    if data == b"[DONE]":
-                        return
-                    try:
-                        chunk = orjson.loads(data)
-                    except orjson.JSONDecodeError:
-                        continue  # engines occasionally emit non-JSON notices; nothing to translate
-                    if not isinstance(chunk, dict):
-                        continue
-                    if "error" in chunk and not chunk.get("choices"):
-                        raise _stream_error(chunk)
-                    if not finished:
-                        choices = chunk.get("choices")
-                        finished = (
-                            bool(choices)
-                            and isinstance(choices[0], dict)
-                            and bool(choices[0].get("finish_reason"))
-                        )
-                    yield chunk
-            for data in decoder.finish():
-                if data == b"[DONE]":
+                batch = reader.parse(decoder.feed(raw))
+                if batch:
+                    yield batch
+                if reader.error is not None:
+                    raise reader.error
+                if reader.done:
                     return
+            batch = reader.parse(decoder.finish())
+            if batch:
+                yield batch
+            if reader.error is not None:
+                raise reader.error
         except httpx.TransportError as exc:
             raise _transport_error(exc, self.chat_url) from exc
-        if not finished:
+        if not (reader.done or reader.finished):
             raise ProxyError(
                 502, "upstream stream ended before the completion finished", code="upstream_protocol"
             )
