@@ -31,6 +31,14 @@ class Detection:
     fallback: bool = False
 
 
+_HEADERS = tuple(
+    sorted({"user-agent"} | {r.header for p in presets.PRESETS for r in p.rules if r.kind == "header"})
+)
+_BODY_RULES = tuple(r for p in presets.PRESETS for r in p.rules if r.kind == "body")
+_CACHE_SIZE = 4096
+_cache: dict[tuple[Any, ...], Detection] = {}
+
+
 def detect(
     dialect: str | None,
     headers: dict[str, str],
@@ -39,10 +47,26 @@ def detect(
 ) -> Detection:
     """`dialect` is None for dialect-free routes (/v1/models): every preset is then eligible.
 
-    `headers` must have lower-cased names.
+    `headers` must have lower-cased names. The outcome depends only on the dialect, the values
+    of the headers the rules read and the body rules' verdicts, so it is memoised on those.
     """
     if forced is not None:
         return Detection(presets.get(forced), 10_000, f"--client {forced}", forced=True)
+    key = (
+        dialect,
+        tuple([headers.get(name) for name in _HEADERS]),
+        None if body is None else tuple([rule.matches(headers, body) for rule in _BODY_RULES]),
+    )
+    found = _cache.get(key)
+    if found is None:
+        found = _score(dialect, headers, body)
+        if len(_cache) >= _CACHE_SIZE:
+            _cache.clear()
+        _cache[key] = found
+    return found
+
+
+def _score(dialect: str | None, headers: dict[str, str], body: dict[str, Any] | None) -> Detection:
     best: Preset | None = None
     best_score = 0
     best_labels: list[str] = []

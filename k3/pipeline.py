@@ -214,7 +214,7 @@ class Translator:
         self._close_reasoning(out)
         self._close_active(out)
         for call in self._calls.values():
-            if not call.closed:
+            if not call.closed and call.name:  # a call the engine never named cannot be run: dropped
                 self._start(call, out)
                 self._close(call, out)
         stop: StopReason = _FINISH.get(self._finish_reason or "stop", "stop")  # type: ignore[assignment]

@@ -153,6 +153,13 @@ def test_a_call_that_never_got_arguments_is_still_announced_at_the_end():
     assert events[1].arguments == ""
 
 
+def test_a_call_never_named_is_dropped_rather_than_sent_nameless():
+    events = run(
+        [chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"arguments": "{}"}}]}), chunk({}, "stop")]
+    )
+    assert kinds(events) == ["Finish"] and events[0].stop_reason == "stop"
+
+
 class ScriptedParser:
     """A stand-in for a text tool-call parser: it finds `CALL` in the text."""
 
