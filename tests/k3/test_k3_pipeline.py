@@ -5,9 +5,12 @@ from __future__ import annotations
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from k3.errors import ProxyError
 from k3.ir import (
+    Finish,
     ParsedToolCall,
     ReasoningDelta,
     ReasoningEnd,
@@ -287,3 +290,78 @@ def test_sse_decoder_is_split_invariant():
     decoder = SSEDecoder()
     assert decoder.feed(b"data: tail-without-blank-line") == []
     assert decoder.finish() == [b"tail-without-blank-line"]
+
+
+def check_contract(events):
+    """The ordering contract of k3.ir, checked event by event."""
+    assert isinstance(events[-1], Finish) and not any(isinstance(e, Finish) for e in events[:-1])
+    reasoning: list[str] | None = None
+    call: ToolCallStart | None = None
+    args: list[str] = []
+    for event in events:
+        if call is not None:
+            assert isinstance(event, ToolCallDelta | ToolCallEnd), f"{event} inside call {call}"
+            assert event.index == call.index
+            if isinstance(event, ToolCallDelta):
+                args.append(event.text)
+            else:
+                assert (event.id, event.name, event.arguments) == (call.id, call.name, "".join(args))
+                call, args = None, []
+            continue
+        if isinstance(event, ReasoningDelta):
+            reasoning = (reasoning or []) + [event.text]
+        elif isinstance(event, ReasoningEnd):
+            assert reasoning is not None and event.text == "".join(reasoning)
+            reasoning = None
+        else:
+            assert reasoning is None, f"{event} before the reasoning segment closed"
+            if isinstance(event, ToolCallStart):
+                assert event.name
+                call = event
+            else:
+                assert isinstance(event, TextDelta | Finish), event
+    assert call is None
+
+
+def test_any_chunk_sequence_keeps_the_event_contract_or_fails_as_502():
+    text = st.text(max_size=4)
+    fragment = st.fixed_dictionaries(
+        {},
+        optional={
+            "index": st.integers(0, 2),
+            "id": st.sampled_from(["a", "b", ""]),
+            "function": st.fixed_dictionaries(
+                {}, optional={"name": st.sampled_from(["f", "g", "", "f"]), "arguments": text}
+            ),
+        },
+    )
+    delta = st.fixed_dictionaries(
+        {},
+        optional={
+            "content": text,
+            "reasoning_content": text,
+            "reasoning": text,
+            "tool_calls": st.lists(fragment, max_size=2),
+        },
+    )
+    chunk_ = st.builds(
+        lambda d, f, u: {
+            "choices": [{"index": 0, "delta": d, "finish_reason": f}],
+            **({"usage": u} if u else {}),
+        },
+        delta,
+        st.sampled_from([None, None, "stop", "length", "tool_calls"]),
+        st.sampled_from([None, {"prompt_tokens": 3, "completion_tokens": 2}]),
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(chunk_, max_size=8))
+    def run_(chunks):
+        try:
+            events = run(chunks)
+        except ProxyError as err:
+            assert err.status == 502
+            return
+        check_contract(events)
+
+    run_()
