@@ -30,6 +30,18 @@ from starlette.routing import Route
 
 from k3 import presets
 from k3.config import Config
+from k3.connection import (
+    SSE_HEADERS,
+    WATCH_AFTER,
+    ClientGone,
+    Hangup,
+    Receive,
+    Scope,
+    Send,
+    SSEWriter,
+    headers_of,
+    send_json,
+)
 from k3.detect import Detection, detect
 from k3.dialects import anthropic, chat, responses
 from k3.dialects.common import Turn, new_id
@@ -41,43 +53,13 @@ from k3.upstream_request import build_payload
 
 log = logging.getLogger("k3")
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
 DIALECTS: dict[str, ModuleType] = {"anthropic": anthropic, "chat": chat, "responses": responses}
-
-WATCH_AFTER = 0.05  # seconds into a turn before a task starts watching for the client hanging up
-
-_JSON_HEADERS = [(b"content-type", b"application/json")]
-_SSE_HEADERS = [
-    (b"content-type", b"text/event-stream; charset=utf-8"),
-    (b"cache-control", b"no-cache"),
-    (b"x-accel-buffering", b"no"),
-]
-
-
-def _headers(scope: Scope) -> dict[str, str]:
-    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+TURN_ROUTES = {"/v1/messages": "anthropic", "/v1/chat/completions": "chat", "/v1/responses": "responses"}
 
 
 def _guess_dialect(path: str, headers: dict[str, str]) -> str:
     """Dialect for errors on routes that have none of their own."""
     return "anthropic" if "messages" in path or "anthropic-version" in headers else "chat"
-
-
-async def send_json(
-    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
-) -> None:
-    headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
-    if extra:
-        headers.extend(extra)
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-
-
-class ClientGone(Exception):
-    """The client hung up before its request body was read."""
 
 
 def _translation_error(exc: Exception) -> ProxyError:
@@ -100,118 +82,6 @@ class Stats:
             k: self.counters[k] for k in ("requests", "streamed", "errors", "disconnects", "count_tokens")
         }
         return {"counters": counters, "by_preset": dict(self.by_preset), "by_dialect": dict(self.by_dialect)}
-
-
-class _Writer:
-    """The single writer of one SSE response: commits the 200 once, then writes frames. A timer
-    (not a task: most turns never need it) writes a keep-alive frame after `interval` seconds
-    without output, committing the 200 first if no event came yet."""
-
-    __slots__ = (
-        "_send",
-        "_start",
-        "_headers",
-        "_lock",
-        "_frame",
-        "_interval",
-        "_timer",
-        "_ping",
-        "committed",
-        "closed",
-        "last",
-    )
-
-    def __init__(
-        self, send: Send, start: bytes, headers: list[tuple[bytes, bytes]], keepalive: bytes, interval: float
-    ):
-        self._send = send
-        self._start = start  # the dialect's opening frames, written with the first bytes
-        self._headers = headers
-        self._lock = asyncio.Lock()
-        self._frame = keepalive
-        self._interval = interval
-        self._timer: asyncio.TimerHandle | None = None
-        self._ping: asyncio.Future[None] | None = None
-        self.committed = False
-        self.closed = False
-        self.last = time.monotonic()
-
-    async def _commit(self) -> None:
-        if not self.committed:
-            self.committed = True
-            await self._send({"type": "http.response.start", "status": 200, "headers": self._headers})
-            await self._send({"type": "http.response.body", "body": self._start, "more_body": True})
-
-    async def write(self, data: bytes) -> None:
-        async with self._lock:
-            if self.closed:
-                return
-            await self._commit()
-            if data:
-                await self._send({"type": "http.response.body", "body": data, "more_body": True})
-            self.last = time.monotonic()
-
-    async def close(self, data: bytes = b"") -> None:
-        async with self._lock:
-            if self.closed:
-                return
-            self.closed = True
-            await self._commit()
-            await self._send({"type": "http.response.body", "body": data, "more_body": False})
-
-    def arm(self) -> None:
-        self._timer = asyncio.get_running_loop().call_later(self._interval, self._tick)
-
-    def disarm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        if self._ping is not None:
-            self._ping.cancel()
-
-    def _tick(self) -> None:
-        idle = time.monotonic() - self.last
-        if idle >= self._interval:
-            if self._ping is None or self._ping.done():
-                self._ping = asyncio.ensure_future(self._keepalive())
-            idle = 0.0
-        self._timer = asyncio.get_running_loop().call_later(self._interval - idle, self._tick)
-
-    async def _keepalive(self) -> None:
-        try:
-            await self.write(self._frame)
-        except Exception:  # the client is gone: the turn itself notices and ends
-            log.debug("keep-alive write failed", exc_info=True)
-
-
-class _Hangup:
-    """Watches for the client hanging up and then cancels the turn's task (closing the upstream
-    request with it). Started by a timer, so turns shorter than WATCH_AFTER never pay for it."""
-
-    __slots__ = ("_task", "_receive", "_watcher", "finished", "hung_up")
-
-    def __init__(self, task: asyncio.Task[Any], receive: Receive):
-        self._task = task
-        self._receive = receive
-        self._watcher: asyncio.Future[None] | None = None
-        self.finished = False
-        self.hung_up = False
-
-    def start(self) -> None:
-        self._watcher = asyncio.ensure_future(self._watch())
-
-    async def _watch(self) -> None:
-        while True:
-            message = await self._receive()
-            if message["type"] == "http.disconnect":
-                if not self.finished:
-                    self.hung_up = True
-                    self._task.cancel()
-                return
-
-    def stop(self) -> None:
-        self.finished = True
-        if self._watcher is not None:
-            self._watcher.cancel()
 
 
 class K3:
@@ -289,7 +159,7 @@ class K3:
     # -- the turn -------------------------------------------------------------------------------
 
     async def turn(self, scope: Scope, receive: Receive, send: Send, dialect: str) -> None:
-        headers = _headers(scope)
+        headers = headers_of(scope)
         try:
             if not self.authorized(headers):
                 raise ProxyError(401, "missing or invalid credentials", code="invalid_api_key")
@@ -325,7 +195,7 @@ class K3:
         """Run `work`; if the client disconnects first, cancel it (closing the upstream request)."""
         task = asyncio.current_task()
         assert task is not None
-        hangup = _Hangup(task, receive)
+        hangup = Hangup(task, receive)
         timer = asyncio.get_running_loop().call_later(WATCH_AFTER, hangup.start)
         try:
             await work
@@ -365,8 +235,8 @@ class K3:
     async def _stream(self, turn: Turn, payload: bytes, send: Send) -> None:
         self.stats.counters["streamed"] += 1
         encoder = DIALECTS[turn.dialect].Stream(turn)
-        headers = [*_SSE_HEADERS, (b"x-k3-preset", turn.preset.name.encode())]
-        writer = _Writer(send, encoder.start(), headers, encoder.keepalive, self.config.keepalive_interval)
+        headers = [*SSE_HEADERS, (b"x-k3-preset", turn.preset.name.encode())]
+        writer = SSEWriter(send, encoder.start(), headers, encoder.keepalive, self.config.keepalive_interval)
         translator = self._translator(turn, payload)
         feed = encoder.feed
         try:
@@ -395,7 +265,7 @@ class K3:
     # -- side routes ----------------------------------------------------------------------------
 
     async def count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = _headers(scope)
+        headers = headers_of(scope)
         try:
             if not self.authorized(headers):
                 raise ProxyError(401, "missing or invalid credentials", code="invalid_api_key")
@@ -423,7 +293,7 @@ class K3:
         )
 
     async def models(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = _headers(scope)
+        headers = headers_of(scope)
         dialect = _guess_dialect("", headers)
         if not self.authorized(headers):
             return await send_json(
@@ -437,7 +307,7 @@ class K3:
         await send_json(send, 200, orjson.dumps(body))
 
     async def health(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = _headers(scope)
+        headers = headers_of(scope)
         try:
             served = await self.upstream.models()
             status, detail = "ok", {"models": served}
@@ -454,7 +324,7 @@ class K3:
         await send_json(send, 200 if status == "ok" else 503, orjson.dumps(body))
 
     async def presets_route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = _headers(scope)
+        headers = headers_of(scope)
         if not self.authorized(headers):
             return await send_json(
                 send, 401, error_body("chat", ProxyError(401, "missing or invalid credentials"))
@@ -472,7 +342,7 @@ class K3:
         await send_json(send, 200, orjson.dumps({"active": self.config.client or "auto", "presets": listing}))
 
     async def stats_route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.authorized(_headers(scope)):
+        if not self.authorized(headers_of(scope)):
             return await send_json(
                 send, 401, error_body("chat", ProxyError(401, "missing or invalid credentials"))
             )
@@ -481,13 +351,12 @@ class K3:
     async def root(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Claude Code probes `HEAD /` before its first request.
         body = b"" if scope["method"] == "HEAD" else orjson.dumps({"name": "k3", "status": "ok"})
-        await send({"type": "http.response.start", "status": 200, "headers": _JSON_HEADERS})
-        await send({"type": "http.response.body", "body": body})
+        await send_json(send, 200, body)
 
     async def not_found(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope["path"]
         err = ProxyError(404, f"no route {scope['method']} {path}", code="not_found")
-        await send_json(send, 404, error_body(_guess_dialect(path, _headers(scope)), err))
+        await send_json(send, 404, error_body(_guess_dialect(path, headers_of(scope)), err))
 
 
 class _Endpoint:
@@ -511,20 +380,38 @@ class _Endpoint:
         await self._handler(scope, receive, send)
 
 
-def create_app(config: Config, *, upstream_transport: httpx.AsyncBaseTransport | None = None) -> Starlette:
+class K3App(Starlette):
+    """Starlette routes everything; the three turn routes (POST, the hot path) are dispatched
+    before its middleware stack, which they do not need: they answer every failure themselves."""
+
+    def __init__(
+        self, k3: K3, routes: list[Route], turns: dict[str, Callable[..., Awaitable[None]]], lifespan: Any
+    ):
+        super().__init__(routes=routes, lifespan=lifespan)
+        self.state.k3 = k3
+        self._turns = turns
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            turn = self._turns.get(scope["path"])
+            if turn is not None:
+                return await turn(scope, receive, send)
+        await super().__call__(scope, receive, send)
+
+
+def create_app(config: Config, *, upstream_transport: httpx.AsyncBaseTransport | None = None) -> K3App:
     """The ASGI app. `upstream_transport` swaps the network for tests and benchmarks."""
     k3 = K3(config, upstream_transport)
 
-    def turn_route(path: str, dialect: str) -> Route:
+    def turn_handler(dialect: str) -> Callable[..., Awaitable[None]]:
         async def handler(scope: Scope, receive: Receive, send: Send) -> None:
             await k3.turn(scope, receive, send, dialect)
 
-        return Route(path, _Endpoint(handler, ("POST",), dialect))
+        return handler
 
+    turns = {path: turn_handler(dialect) for path, dialect in TURN_ROUTES.items()}
     routes = [
-        turn_route("/v1/messages", "anthropic"),
-        turn_route("/v1/chat/completions", "chat"),
-        turn_route("/v1/responses", "responses"),
+        *(Route(path, _Endpoint(turns[path], ("POST",), dialect)) for path, dialect in TURN_ROUTES.items()),
         Route("/v1/messages/count_tokens", _Endpoint(k3.count_tokens, ("POST",), "anthropic")),
         Route("/v1/models", _Endpoint(k3.models, ("GET",))),
         Route("/health", _Endpoint(k3.health, ("GET",))),
@@ -539,6 +426,4 @@ def create_app(config: Config, *, upstream_transport: httpx.AsyncBaseTransport |
         yield
         await k3.upstream.aclose()
 
-    app = Starlette(routes=routes, lifespan=lifespan)
-    app.state.k3 = k3
-    return app
+    return K3App(k3, routes, turns, lifespan)

@@ -8,8 +8,10 @@
 Each POST `.../chat/completions` pops the next scripted `Reply` (or echoes the last user text
 when the script is empty) and answers it as JSON or SSE, following the request's `stream`.
 A Reply can also be an HTTP error, a slow stream, a stream cut short, or a stream that reports
-an error mid-way. `GET .../models` lists the model; `POST /tokenize` answers like vLLM
-(`{"count": N}`) unless `tokenize=False`. Every client disconnect during a stream is counted
+an error mid-way. `GET .../models` lists the model. The tokenizer endpoints follow
+`tokenizer`: "vllm" answers `POST /tokenize {messages}` with `{"count": N}`; "llama.cpp" serves
+`POST /apply-template {messages} -> {prompt}` and `POST /tokenize {content} -> {tokens}`; None
+serves neither. Every client disconnect during a stream is counted
 in `disconnects` and sets `disconnected`, so a test can see the proxy close the connection.
 """
 
@@ -57,9 +59,9 @@ def _slices(text: str, size: int) -> list[str]:
 
 
 class FakeUpstream:
-    def __init__(self, model: str = "kimi-linear", tokenize: bool = True):
+    def __init__(self, model: str = "kimi-linear", tokenizer: str | None = "vllm"):
         self.model = model
-        self.tokenize = tokenize
+        self.tokenizer = tokenizer
         self.script: deque[Reply] = deque()
         self.requests: list[dict[str, Any]] = []  # chat payloads, in arrival order
         self.tokenize_requests: list[dict[str, Any]] = []
@@ -192,16 +194,25 @@ class FakeUpstream:
                 200,
                 {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "fake"}]},
             )
-        elif path == "/tokenize" and self.tokenize:
+        elif path in ("/tokenize", "/apply-template") and self.tokenizer is not None:
             request = orjson.loads(body)
             self.tokenize_requests.append(request)
-            await self._json(
-                send, 200, {"count": max(1, len(orjson.dumps(request.get("messages", []))) // 4)}
-            )
+            await self._json(send, 200, self._tokenizer_reply(path, request))
         else:
             await self._json(
                 send, 404, {"error": {"message": f"no route {path}", "type": "not_found", "code": 404}}
             )
+
+    def _tokenizer_reply(self, path: str, request: dict[str, Any]) -> dict[str, Any]:
+        if self.tokenizer == "vllm":
+            return {"count": max(1, len(orjson.dumps(request.get("messages", []))) // 4)}
+        if path == "/apply-template":  # llama.cpp
+            return {
+                "prompt": "".join(
+                    f"<{m['role']}>{m.get('content') or ''}" for m in request.get("messages", [])
+                )
+            }
+        return {"tokens": list(range(len(request.get("content", "")) // 4))}
 
     async def _json(self, send: Any, status: int, body: dict[str, Any]) -> None:
         raw = orjson.dumps(body)

@@ -367,8 +367,23 @@ async def test_count_tokens_uses_the_engines_tokenizer(client, fake):
     ]
 
 
+async def test_count_tokens_uses_llama_cpp_template_and_tokenize():
+    fake = FakeUpstream(tokenizer="llama.cpp")
+    app = create_app(Config(upstream="http://fake/v1"), upstream_transport=httpx.ASGITransport(fake))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://k3") as client:
+        body = {**ANTHROPIC, "messages": [{"role": "user", "content": "x" * 400}]}
+        for _ in range(2):
+            response = await client.post("/v1/messages/count_tokens", json=body)
+            assert response.json() == {"input_tokens": len("<user>" + "x" * 400) // 4}
+    assert app.state.k3.upstream.tokenizer == "llama.cpp"
+    # learned once: the second count skips the vLLM probe
+    assert [("content" in r, "messages" in r) for r in fake.tokenize_requests] == [
+        (False, True), (False, True), (True, False), (False, True), (True, False),
+    ]  # fmt: skip
+
+
 async def test_count_tokens_estimates_without_a_tokenizer_and_never_fails_on_odd_bodies():
-    fake = FakeUpstream(tokenize=False)
+    fake = FakeUpstream(tokenizer=None)
     app = create_app(Config(upstream="http://fake/v1"), upstream_transport=httpx.ASGITransport(fake))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://k3") as client:
         long = {**ANTHROPIC, "messages": [{"role": "user", "content": "word " * 400}]}
