@@ -51,6 +51,7 @@ class Reply:
     chunk_chars: int = 8  # characters per streamed slice of text, reasoning and arguments
     delay: float = 0.0  # seconds before each streamed chunk (before the body, for JSON replies)
     cut_after: int | None = None  # end the stream after this many chunks: no finish, no [DONE]
+    drop_after: int | None = None  # drop the connection after this many chunks (an engine crash)
     error_after: int | None = None  # after this many chunks send an {"error": ...} chunk and stop
 
 
@@ -240,6 +241,8 @@ class FakeUpstream:
             for n, chunk in enumerate(self.chunks(payload, reply)):
                 if reply.cut_after is not None and n >= reply.cut_after:
                     break
+                if reply.drop_after is not None and n >= reply.drop_after:
+                    return  # an unfinished response: the server closes the connection
                 if reply.error_after is not None and n >= reply.error_after:
                     err = {"error": {"message": reply.error, "type": "InternalServerError", "code": 500}}
                     await send(

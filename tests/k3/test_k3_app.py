@@ -209,6 +209,24 @@ async def test_failure_mid_stream_ends_with_the_dialects_error_event(client, fak
         assert [d["sequence_number"] for _, d in frames] == list(range(len(frames)))
 
 
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_engine_dropping_the_connection_mid_stream_is_an_error_event(
+    make_streaming_client, live, dialect
+):
+    fake, _ = live
+    fake.push(Reply(content="a long answer that will not finish", chunk_chars=4, drop_after=3))
+    client = make_streaming_client()
+    response = await client.post(ROUTES[dialect], json=body_for(dialect, True))
+    assert response.status_code == 200
+    frames = [f for f in sse_frames(response.text) if f[0] != ":"]
+    ending = {"anthropic": ["error"], "chat": [None, None], "responses": ["error", "response.failed"]}[
+        dialect
+    ]
+    assert [name for name, _ in frames[-len(ending) :]] == ending
+    error = frames[-1][1] if dialect != "chat" else frames[-2][1]
+    assert "upstream connection failed" in orjson.dumps(error).decode()
+
+
 def _raise_like_the_openai_sdk(frames):
     for _, data in frames:
         if isinstance(data, dict) and data.get("error"):
