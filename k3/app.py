@@ -62,6 +62,11 @@ def _guess_dialect(path: str, headers: dict[str, str]) -> str:
     return "anthropic" if "messages" in path or "anthropic-version" in headers else "chat"
 
 
+def _unanticipated(exc: Exception) -> ProxyError:
+    log.exception("a request shape no check anticipated")
+    return bad_request(f"could not parse request: {type(exc).__name__}: {exc}")
+
+
 def _translation_error(exc: Exception) -> ProxyError:
     log.exception("could not translate the upstream reply")
     return ProxyError(
@@ -148,14 +153,6 @@ class K3:
     def detect(self, dialect: str | None, headers: dict[str, str], body: dict[str, Any] | None) -> Detection:
         return detect(dialect, headers, body, self.config.client)
 
-    def lower(self, dialect: str, body: dict[str, Any]) -> Any:
-        try:
-            return DIALECTS[dialect].ingress(body, self.config.model)
-        except ProxyError:
-            raise
-        except Exception as exc:  # a shape no check anticipated is still the client's input
-            raise bad_request(f"could not parse request: {type(exc).__name__}: {exc}") from None
-
     # -- the turn -------------------------------------------------------------------------------
 
     async def turn(self, scope: Scope, receive: Receive, send: Send, dialect: str) -> None:
@@ -165,19 +162,21 @@ class K3:
                 raise ProxyError(401, "missing or invalid credentials", code="invalid_api_key")
             body = self.parse_json(await self.read_body(receive, headers))
             found = self.detect(dialect, headers, body)
-            request = self.lower(dialect, body)
             module = DIALECTS[dialect]
+            request = module.ingress(body, self.config.model)
             turn = Turn(dialect, found.preset, request, body, new_id(module.ID_PREFIX))
             upstream_model = presets.upstream_model(
                 found.preset, request.model, self.config.model, self.config.small_model
             )
             payload = orjson.dumps(build_payload(request, self.config, upstream_model))
-        except ProxyError as err:
-            self.stats.counters["errors"] += 1
-            return await send_json(send, err.status, error_body(dialect, err))
         except ClientGone:
             self.stats.counters["disconnects"] += 1
             return
+        except Exception as exc:
+            # Everything so far derives from the client's input: a shape no check anticipated is a 400.
+            err = exc if isinstance(exc, ProxyError) else _unanticipated(exc)
+            self.stats.counters["errors"] += 1
+            return await send_json(send, err.status, error_body(dialect, err))
         self.stats.counters["requests"] += 1
         self.stats.by_preset[found.preset.name] += 1
         self.stats.by_dialect[dialect] += 1
@@ -277,7 +276,7 @@ class K3:
             return
         self.stats.counters["count_tokens"] += 1
         try:
-            request = self.lower("anthropic", body)
+            request = anthropic.ingress(body, self.config.model)
             model = presets.upstream_model(
                 self.detect("anthropic", headers, body).preset,
                 request.model,
@@ -285,7 +284,7 @@ class K3:
                 self.config.small_model,
             )
             payload = build_payload(request, self.config, model)
-        except ProxyError:  # counting never fails on an odd body: estimate from its size
+        except Exception:  # counting never fails on an odd body: estimate from its size
             return await send_json(send, 200, orjson.dumps({"input_tokens": max(1, len(raw) // 4)}))
         count = await self.upstream.count_tokens(payload)
         await send_json(
