@@ -1,3 +1,3 @@
 from k3.cli import main
 
-main()
+main(prog_name="k3")

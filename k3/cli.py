@@ -1,8 +1,370 @@
-"""`k3`: the protocol adapter's command line."""
+"""`k3`: the protocol adapter's command line (serve, presets, detect, doctor)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
 
 import click
+
+from k3 import presets
+from k3.config import DEFAULT_MODEL, DEFAULT_UPSTREAM, REASONING_FIELDS, TOOL_PARSERS, Config
+from k3.detect import ROUTE_DIALECT, detect
+from k3.errors import ProxyError
+
+DOCTOR_CLIENTS = ("claude-code", "codex", "opencode", "aider")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """k3: let Claude Code, Codex, opencode, aider and the SDKs talk to a local OpenAI-Chat engine."""
+
+
+def _public_base(host: str, port: int) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    if ":" in shown:
+        shown = f"[{shown}]"
+    return f"http://{shown}:{port}"
+
+
+def _print_setup(names: tuple[str, ...], base: str, token: str, model: str, small_model: str | None) -> None:
+    for name in names:
+        preset = presets.get(name)
+        click.echo(f"\n# {preset.title}")
+        for line in presets.setup_lines(preset, base=base, token=token, model=model, small_model=small_model):
+            click.echo(f"  {line}")
+
+
+upstream_option = click.option(
+    "--upstream",
+    default=DEFAULT_UPSTREAM,
+    show_default=True,
+    help="Base URL of the OpenAI-compatible engine; /chat/completions is appended.",
+)
+upstream_key_option = click.option(
+    "--upstream-api-key",
+    envvar="K3_UPSTREAM_API_KEY",
+    help="Bearer token sent to the engine (env K3_UPSTREAM_API_KEY).",
+)
+model_option = click.option(
+    "--model", default=DEFAULT_MODEL, show_default=True, help="Engine model every client model name maps to."
+)
+small_model_option = click.option(
+    "--small-model", help="Engine model for small/fast client models (haiku, *-mini, ...); default: --model."
+)
+
+
+@main.command()
+@upstream_option
+@upstream_key_option
+@model_option
+@small_model_option
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Bind address (keep loopback unless --api-key)."
+)
+@click.option(
+    "--port",
+    "-p",
+    default=8080,
+    show_default=True,
+    type=click.IntRange(0, 65535),
+    help="Port; 0 picks a free one.",
+)
+@click.option(
+    "--client", "-c", type=click.Choice([p.name for p in presets.PRESETS]), help="Pin one client preset."
+)
+@click.option("--api-key", envvar="K3_API_KEY", help="Require this token (Bearer or x-api-key) from clients.")
+@click.option(
+    "--reasoning-field",
+    default="reasoning_content",
+    show_default=True,
+    help=f"Field the engine reads reasoning from on assistant turns ({' | '.join(REASONING_FIELDS)}).",
+)
+@click.option(
+    "--tool-parser",
+    default="passthrough",
+    show_default=True,
+    help=f"Parser for tool calls written in the engine's text ({' | '.join(TOOL_PARSERS)}).",
+)
+@click.option(
+    "--connect-timeout", default=10.0, show_default=True, type=float, help="Seconds to connect upstream."
+)
+@click.option(
+    "--read-timeout",
+    default=600.0,
+    show_default=True,
+    type=float,
+    help="Longest upstream silence, in seconds.",
+)
+@click.option(
+    "--max-body-mb", default=64.0, show_default=True, type=float, help="Largest client body (413 above)."
+)
+@click.option(
+    "--keepalive",
+    default=15.0,
+    show_default=True,
+    type=float,
+    help="Seconds of silence before a stream keep-alive.",
+)
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["debug", "info", "warning", "error"]),
+)
+def serve(
+    upstream: str,
+    upstream_api_key: str | None,
+    model: str,
+    small_model: str | None,
+    host: str,
+    port: int,
+    client: str | None,
+    api_key: str | None,
+    reasoning_field: str,
+    tool_parser: str,
+    connect_timeout: float,
+    read_timeout: float,
+    max_body_mb: float,
+    keepalive: float,
+    log_level: str,
+) -> None:
+    """Serve the three client dialects on HOST:PORT in front of the engine at --upstream."""
+    import uvicorn
+
+    from k3.app import create_app
+
+    try:
+        config = Config(
+            upstream=upstream,
+            upstream_api_key=upstream_api_key,
+            model=model,
+            small_model=small_model,
+            client=client,
+            api_key=api_key,
+            reasoning_field=reasoning_field,
+            tool_parser=tool_parser,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            max_body_bytes=int(max_body_mb * 1024 * 1024),
+            keepalive_interval=keepalive,
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        raise click.UsageError(f"cannot bind {host}:{port}: {exc}") from None
+    port = sock.getsockname()[1]
+    base = _public_base(host, port)
+    click.echo(f"k3 listening on {base}")
+    click.echo(
+        f"upstream {config.upstream_base}/chat/completions  model {model}"
+        + (f"  small {small_model}" if small_model else "")
+    )
+    click.echo(
+        f"client {'pinned: ' + client if client else f'auto-detected per request ({len(presets.PRESETS)} presets)'}"
+    )
+    if host not in ("127.0.0.1", "::1", "localhost") and not api_key:
+        click.echo("warning: listening beyond loopback without --api-key", err=True)
+    _print_setup(
+        (client,) if client else ("claude-code", "openai"), base, api_key or "local", model, small_model
+    )
+    click.echo("\nother clients: k3 presets -v   (setup for every preset)")
+    sys.stdout.flush()
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(
+        max(logging.WARNING, logging.getLogger().level)
+    )  # no line per side call
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(config),
+            log_level=log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+        )
+    )
+    server.run(sockets=[sock])
+
+
+@main.command(name="presets")
+@click.option("--verbose", "-v", is_flag=True, help="Add detection rules, notes and setup.")
+def presets_cmd(verbose: bool) -> None:
+    """List the client presets."""
+    width = max(len(p.name) for p in presets.PRESETS)
+    for preset in presets.PRESETS:
+        click.echo(
+            f"{preset.name:<{width}}  {preset.status:<11}  {','.join(preset.dialects):<24}  {preset.title}"
+        )
+        if verbose:
+            for rule in preset.rules:
+                click.echo(f"    +{rule.weight:<3} {rule.label}")
+            if preset.notes:
+                click.echo(f"    note: {preset.notes}")
+            for line in presets.setup_lines(
+                preset, base="http://127.0.0.1:8080", token="local", model=DEFAULT_MODEL, small_model=None
+            ):
+                click.echo(f"    | {line}")
+
+
+def _captured_requests(data: Any) -> list[dict[str, Any]]:
+    """Requests from a JSON file: one request, a list of them, or a capture file with scenarios."""
+    if isinstance(data, dict) and isinstance(data.get("scenarios"), dict):
+        return [r for s in data["scenarios"].values() for r in s.get("requests", [])]
+    if isinstance(data, list):
+        return [r for r in data if isinstance(r, dict)]
+    if isinstance(data, dict):
+        return [data]
+    raise click.UsageError("the file must hold a request object, a list of them, or a capture with scenarios")
+
+
+def _header_dict(raw: Any) -> dict[str, str]:
+    pairs = raw.items() if isinstance(raw, dict) else raw or []
+    return {str(k).lower(): str(v) for k, v in pairs}
+
+
+@main.command(name="detect")
+@click.argument("capture", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--path", default="/v1/messages", show_default=True, help="Route, when no CAPTURE is given.")
+@click.option("--header", "-H", "headers", multiple=True, help="'Name: value' header, repeatable.")
+@click.option(
+    "--client", "-c", type=click.Choice([p.name for p in presets.PRESETS]), help="Pretend --client is set."
+)
+def detect_cmd(capture: Path | None, path: str, headers: tuple[str, ...], client: str | None) -> None:
+    """Explain which preset a request gets and why.
+
+    CAPTURE is a JSON file with a request ({"path", "headers", "body"}), a list of requests, or a
+    capture file of the form in shared/reference/clients. Without it, --path and -H describe one.
+    """
+    if capture is not None:
+        try:
+            requests = _captured_requests(json.loads(capture.read_text()))
+        except json.JSONDecodeError as exc:
+            raise click.UsageError(f"{capture} is not JSON: {exc}") from None
+    else:
+        parsed = {}
+        for line in headers:
+            name, sep, value = line.partition(":")
+            if not sep or not name.strip():
+                raise click.UsageError(f"bad header {line!r}; expected 'Name: value'")
+            parsed[name.strip()] = value.strip()
+        requests = [{"method": "POST", "path": path, "headers": parsed}]
+    for request in requests:
+        route = str(request.get("path", "/")).split("?")[0]
+        dialect = ROUTE_DIALECT.get(route)
+        if dialect is None and route != "/v1/models":
+            click.echo(
+                f"{request.get('method', 'POST')} {request.get('path')}: not a turn route (no detection)"
+            )
+            continue
+        body = request.get("body") if isinstance(request.get("body"), dict) else None
+        found = detect(dialect, _header_dict(request.get("headers")), body, client)
+        kind = " (forced)" if found.forced else " (route default)" if found.fallback else ""
+        click.echo(f"{request.get('method', 'POST')} {request.get('path')} -> {found.preset.name}{kind}")
+        click.echo(f"    score {found.score}: {found.reason}")
+        click.echo(f"    dialect {dialect or 'any'}; {found.preset.title}")
+
+
+@main.command()
+@upstream_option
+@upstream_key_option
+@model_option
+@small_model_option
+@click.option(
+    "--port", "-p", default=8080, show_default=True, type=int, help="Port k3 will serve on (for the setup)."
+)
+@click.option("--api-key", envvar="K3_API_KEY", help="Client token k3 will require (for the setup).")
+@click.option("--no-generate", is_flag=True, help="Skip the one short streamed completion.")
+def doctor(
+    upstream: str,
+    upstream_api_key: str | None,
+    model: str,
+    small_model: str | None,
+    port: int,
+    api_key: str | None,
+    no_generate: bool,
+) -> None:
+    """Probe the engine, then print copy-paste setup for Claude Code, Codex, opencode and aider."""
+    ok = asyncio.run(
+        _doctor(Config(upstream=upstream, upstream_api_key=upstream_api_key, model=model), not no_generate)
+    )
+    _print_setup(DOCTOR_CLIENTS, _public_base("127.0.0.1", port), api_key or "local", model, small_model)
+    click.echo(
+        f"\nstart k3: k3 serve --upstream {upstream} --model {model}"
+        + (f" --small-model {small_model}" if small_model else "")
+    )
+    sys.exit(0 if ok else 1)
+
+
+async def _doctor(config: Config, generate: bool) -> bool:
+    from k3.upstream import Upstream
+
+    upstream = Upstream(config)
+    ok = True
+    try:
+        click.echo(f"engine  {config.upstream_base}")
+        try:
+            models = await upstream.models()
+            served = (
+                "served"
+                if config.model in models
+                else f"NOT listed (the engine lists: {', '.join(models) or 'none'})"
+            )
+            click.echo(f"  ok    GET /models: model {config.model!r} {served}")
+        except ProxyError as err:
+            click.echo(f"  FAIL  GET /models: {err.message}")
+            click.echo("        start the engine first (see docs/K3.md), or pass --upstream")
+            return False
+        messages = [{"role": "user", "content": "Say OK."}]
+        count = await upstream.count_tokens({"model": config.model, "messages": messages})
+        tokenizer = (
+            f"{upstream.tokenizer} /tokenize ({count} tokens)" if count is not None else "none (estimates)"
+        )
+        click.echo(f"  ok    tokenizer for count_tokens: {tokenizer}")
+        if generate:
+            ok = await _probe_stream(upstream, config.model, messages)
+    finally:
+        await upstream.aclose()
+    return ok
+
+
+async def _probe_stream(upstream: Any, model: str, messages: list[dict[str, Any]]) -> bool:
+    import orjson
+
+    payload = {
+        "model": model,
+        "messages": messages,
+        "stream": True,
+        "max_tokens": 16,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.perf_counter()
+    seen = {"content": 0, "reasoning": 0, "usage": False}
+    try:
+        async with upstream.stream(orjson.dumps(payload)) as chunks:
+            async for batch in chunks:
+                for chunk in batch:
+                    seen["usage"] = seen["usage"] or isinstance(chunk.get("usage"), dict)
+                    for choice in chunk.get("choices") or []:
+                        delta = choice.get("delta") or {}
+                        seen["content"] += bool(delta.get("content"))
+                        seen["reasoning"] += bool(delta.get("reasoning_content") or delta.get("reasoning"))
+    except ProxyError as err:
+        click.echo(f"  FAIL  streamed completion: HTTP {err.status}: {err.message}")
+        return False
+    elapsed = time.perf_counter() - started
+    click.echo(
+        f"  ok    streamed completion in {elapsed:.2f}s: {seen['content']} content and {seen['reasoning']} "
+        f"reasoning chunks, usage {'sent' if seen['usage'] else 'NOT sent (k3 estimates it)'}"
+    )
+    return True

@@ -1,0 +1,428 @@
+"""The k3 ASGI application: routes, auth, body limits, the turn loop, streaming and errors.
+
+A client turn: read the body (413 over the limit), parse it (400), detect the client preset,
+lower it through the route's dialect into a CanonicalRequest, build the OpenAI Chat payload,
+make exactly one upstream POST, translate the upstream chunks into canonical events
+(k3.pipeline), and raise them back into the dialect, as SSE or as one JSON body.
+
+Streams commit their 200 only once the first canonical event exists (or after one keep-alive
+interval of silence), so an upstream that fails early gets a proper JSON error in the caller's
+dialect; a failure after that ends the stream with the dialect's error event. A client that
+disconnects cancels the turn, which closes the upstream connection at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from types import ModuleType
+from typing import Any
+
+import httpx
+import orjson
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from k3 import presets
+from k3.config import Config
+from k3.connection import (
+    SSE_HEADERS,
+    WATCH_AFTER,
+    ClientGone,
+    Hangup,
+    Receive,
+    Scope,
+    Send,
+    SSEWriter,
+    headers_of,
+    send_json,
+)
+from k3.detect import Detection, detect
+from k3.dialects import anthropic, chat, responses
+from k3.dialects.common import Turn, new_id
+from k3.errors import ProxyError, bad_request, error_body
+from k3.pipeline import Collector, Translator, completion_to_chunk, make_text_parser
+from k3.tokens import estimate
+from k3.upstream import Upstream
+from k3.upstream_request import build_payload
+
+log = logging.getLogger("k3")
+
+DIALECTS: dict[str, ModuleType] = {"anthropic": anthropic, "chat": chat, "responses": responses}
+TURN_ROUTES = {"/v1/messages": "anthropic", "/v1/chat/completions": "chat", "/v1/responses": "responses"}
+
+
+def _guess_dialect(path: str, headers: dict[str, str]) -> str:
+    """Dialect for errors on routes that have none of their own."""
+    return "anthropic" if "messages" in path or "anthropic-version" in headers else "chat"
+
+
+def _unanticipated(exc: Exception) -> ProxyError:
+    log.exception("a request shape no check anticipated")
+    return bad_request(f"could not parse request: {type(exc).__name__}: {exc}")
+
+
+def _translation_error(exc: Exception) -> ProxyError:
+    log.exception("could not translate the upstream reply")
+    return ProxyError(
+        502,
+        f"k3 could not translate the upstream reply: {type(exc).__name__}: {exc}",
+        code="translation_error",
+    )
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.counters: Counter[str] = Counter()
+        self.by_preset: Counter[str] = Counter()
+        self.by_dialect: Counter[str] = Counter()
+
+    def json(self) -> dict[str, Any]:
+        counters = {
+            k: self.counters[k] for k in ("requests", "streamed", "errors", "disconnects", "count_tokens")
+        }
+        return {"counters": counters, "by_preset": dict(self.by_preset), "by_dialect": dict(self.by_dialect)}
+
+
+class K3:
+    """Shared state of one server: config, the pooled upstream client, counters."""
+
+    def __init__(self, config: Config, upstream_transport: httpx.AsyncBaseTransport | None = None):
+        self.config = config
+        self.upstream = Upstream(config, upstream_transport)
+        self.stats = Stats()
+        self._api_key = config.api_key.encode() if config.api_key else None
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def authorized(self, headers: dict[str, str]) -> bool:
+        if self._api_key is None:
+            return True
+        candidates = [headers.get("x-api-key", "")]
+        auth = headers.get("authorization", "")
+        if auth[:7].lower() == "bearer ":
+            candidates.append(auth[7:].strip())
+        ok = False
+        for candidate in candidates:
+            if candidate:
+                ok |= hmac.compare_digest(candidate.encode(), self._api_key)
+        return ok
+
+    async def read_body(self, receive: Receive, headers: dict[str, str]) -> bytes:
+        limit = self.config.max_body_bytes
+        declared = headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise ProxyError(
+                413, f"request body is {declared} bytes; the limit is {limit}", code="body_too_large"
+            )
+        chunks = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise ProxyError(
+                    413, f"request body exceeds the limit of {limit} bytes", code="body_too_large"
+                )
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    @staticmethod
+    def parse_json(raw: bytes) -> dict[str, Any]:
+        if not raw.strip():
+            return {}
+        try:
+            body = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise bad_request(f"request body is not valid JSON: {exc}") from None
+        if body is None:
+            return {}
+        if not isinstance(body, dict):
+            raise bad_request(f"request body must be a JSON object, got {type(body).__name__}")
+        return body
+
+    def detect(self, dialect: str | None, headers: dict[str, str], body: dict[str, Any] | None) -> Detection:
+        return detect(dialect, headers, body, self.config.client)
+
+    # -- the turn -------------------------------------------------------------------------------
+
+    async def turn(self, scope: Scope, receive: Receive, send: Send, dialect: str) -> None:
+        headers = headers_of(scope)
+        try:
+            if not self.authorized(headers):
+                raise ProxyError(401, "missing or invalid credentials", code="invalid_api_key")
+            body = self.parse_json(await self.read_body(receive, headers))
+            found = self.detect(dialect, headers, body)
+            module = DIALECTS[dialect]
+            request = module.ingress(body, self.config.model)
+            turn = Turn(dialect, found.preset, request, body, new_id(module.ID_PREFIX))
+            upstream_model = presets.upstream_model(
+                found.preset, request.model, self.config.model, self.config.small_model
+            )
+            payload = orjson.dumps(build_payload(request, self.config, upstream_model))
+        except ClientGone:
+            self.stats.counters["disconnects"] += 1
+            return
+        except Exception as exc:
+            # Everything so far derives from the client's input: a shape no check anticipated is a 400.
+            err = exc if isinstance(exc, ProxyError) else _unanticipated(exc)
+            self.stats.counters["errors"] += 1
+            return await send_json(send, err.status, error_body(dialect, err))
+        self.stats.counters["requests"] += 1
+        self.stats.by_preset[found.preset.name] += 1
+        self.stats.by_dialect[dialect] += 1
+        if log.isEnabledFor(logging.INFO):
+            log.info(
+                "%s -> %s (%s) model=%s->%s stream=%s tools=%d",
+                scope["path"], found.preset.name, found.reason, request.model, upstream_model,
+                request.stream, len(request.tools),
+            )  # fmt: skip
+        await self._watching(
+            receive, self._stream(turn, payload, send) if request.stream else self._json(turn, payload, send)
+        )
+
+    async def _watching(self, receive: Receive, work: Awaitable[None]) -> None:
+        """Run `work`; if the client disconnects first, cancel it (closing the upstream request)."""
+        task = asyncio.current_task()
+        assert task is not None
+        hangup = Hangup(task, receive)
+        timer = asyncio.get_running_loop().call_later(WATCH_AFTER, hangup.start)
+        try:
+            await work
+        except asyncio.CancelledError:
+            if not hangup.hung_up:
+                raise
+            task.uncancel()
+            self.stats.counters["disconnects"] += 1
+        finally:
+            timer.cancel()
+            hangup.stop()
+
+    def _failed(self, turn: Turn, err: ProxyError) -> None:
+        self.stats.counters["errors"] += 1
+        log.warning("%s turn for %s failed: %d %s", turn.dialect, turn.preset.name, err.status, err.message)
+
+    def _translator(self, turn: Turn, payload: bytes) -> Translator:
+        return Translator(make_text_parser(self.config.tool_parser), turn.request.stop, len(payload) // 4)
+
+    async def _json(self, turn: Turn, payload: bytes, send: Send) -> None:
+        module = DIALECTS[turn.dialect]
+        try:
+            completion = await self.upstream.complete(payload)
+            translator = self._translator(turn, payload)
+            collector = Collector()
+            for event in translator.feed(completion_to_chunk(completion)):
+                collector.add(event)
+            for event in translator.finish():
+                collector.add(event)
+            body = orjson.dumps(module.render(collector.response(), turn))
+        except Exception as exc:
+            err = exc if isinstance(exc, ProxyError) else _translation_error(exc)
+            self._failed(turn, err)
+            return await send_json(send, err.status, error_body(turn.dialect, err))
+        await send_json(send, 200, body, [(b"x-k3-preset", turn.preset.name.encode())])
+
+    async def _stream(self, turn: Turn, payload: bytes, send: Send) -> None:
+        self.stats.counters["streamed"] += 1
+        encoder = DIALECTS[turn.dialect].Stream(turn)
+        headers = [*SSE_HEADERS, (b"x-k3-preset", turn.preset.name.encode())]
+        writer = SSEWriter(send, encoder.start(), headers, encoder.keepalive, self.config.keepalive_interval)
+        translator = self._translator(turn, payload)
+        feed = encoder.feed
+        try:
+            try:
+                async with self.upstream.stream(payload) as chunks:
+                    writer.arm()
+                    async for batch in chunks:
+                        events = [e for chunk in batch for e in translator.feed(chunk)]
+                        if events:
+                            await writer.write(b"".join([feed(e) for e in events]))
+                    await writer.close(b"".join([feed(e) for e in translator.finish()]))
+            except (ProxyError, asyncio.CancelledError):
+                raise
+            except Exception as exc:
+                raise _translation_error(exc) from exc
+        except ProxyError as err:
+            self._failed(turn, err)
+            writer.disarm()
+            if writer.committed:
+                await writer.close(encoder.error(err))
+            else:
+                await send_json(send, err.status, error_body(turn.dialect, err))
+        finally:
+            writer.disarm()
+
+    # -- side routes ----------------------------------------------------------------------------
+
+    async def count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = headers_of(scope)
+        try:
+            if not self.authorized(headers):
+                raise ProxyError(401, "missing or invalid credentials", code="invalid_api_key")
+            raw = await self.read_body(receive, headers)
+            body = self.parse_json(raw)
+        except ProxyError as err:
+            return await send_json(send, err.status, error_body("anthropic", err))
+        except ClientGone:
+            return
+        self.stats.counters["count_tokens"] += 1
+        try:
+            request = anthropic.ingress(body, self.config.model)
+            model = presets.upstream_model(
+                self.detect("anthropic", headers, body).preset,
+                request.model,
+                self.config.model,
+                self.config.small_model,
+            )
+            payload = build_payload(request, self.config, model)
+        except Exception:  # counting never fails on an odd body: estimate from its size
+            return await send_json(send, 200, orjson.dumps({"input_tokens": max(1, len(raw) // 4)}))
+        count = await self.upstream.count_tokens(payload)
+        await send_json(
+            send, 200, orjson.dumps({"input_tokens": count if count is not None else estimate(payload)})
+        )
+
+    async def models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = headers_of(scope)
+        dialect = _guess_dialect("", headers)
+        if not self.authorized(headers):
+            return await send_json(
+                send, 401, error_body(dialect, ProxyError(401, "missing or invalid credentials"))
+            )
+        preset = self.detect(None, headers, None).preset
+        ids = presets.model_ids(preset, self.config.model, self.config.small_model)
+        body = (
+            anthropic.models_json(ids) if dialect == "anthropic" else chat.models_json(ids, int(time.time()))
+        )
+        await send_json(send, 200, orjson.dumps(body))
+
+    async def health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = headers_of(scope)
+        try:
+            served = await self.upstream.models()
+            status, detail = "ok", {"models": served}
+        except ProxyError as err:
+            status, detail = "degraded", {"error": err.message}
+        body: dict[str, Any] = {"status": status}
+        if self.authorized(headers):  # details only for callers that may see the config
+            body.update(
+                upstream=self.config.upstream,
+                model=self.config.model,
+                client=self.config.client or "auto",
+                **detail,
+            )
+        await send_json(send, 200 if status == "ok" else 503, orjson.dumps(body))
+
+    async def presets_route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = headers_of(scope)
+        if not self.authorized(headers):
+            return await send_json(
+                send, 401, error_body("chat", ProxyError(401, "missing or invalid credentials"))
+            )
+        listing = [
+            {
+                "name": p.name,
+                "title": p.title,
+                "status": p.status,
+                "dialects": list(p.dialects),
+                "notes": p.notes,
+            }
+            for p in presets.PRESETS
+        ]
+        await send_json(send, 200, orjson.dumps({"active": self.config.client or "auto", "presets": listing}))
+
+    async def stats_route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.authorized(headers_of(scope)):
+            return await send_json(
+                send, 401, error_body("chat", ProxyError(401, "missing or invalid credentials"))
+            )
+        await send_json(send, 200, orjson.dumps(self.stats.json()))
+
+    async def root(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Claude Code probes `HEAD /` before its first request.
+        body = b"" if scope["method"] == "HEAD" else orjson.dumps({"name": "k3", "status": "ok"})
+        await send_json(send, 200, body)
+
+    async def not_found(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope["path"]
+        err = ProxyError(404, f"no route {scope['method']} {path}", code="not_found")
+        await send_json(send, 404, error_body(_guess_dialect(path, headers_of(scope)), err))
+
+
+class _Endpoint:
+    """A raw ASGI endpoint (no Request/Response objects on the hot path)."""
+
+    __slots__ = ("_handler", "_methods", "_dialect")
+
+    def __init__(
+        self, handler: Callable[..., Awaitable[None]], methods: tuple[str, ...], dialect: str = "chat"
+    ):
+        self._handler = handler
+        self._methods = methods
+        self._dialect = dialect
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._methods and scope["method"] not in self._methods:
+            err = ProxyError(
+                405, f"{scope['path']} accepts {', '.join(self._methods)}", code="method_not_allowed"
+            )
+            return await send_json(send, 405, error_body(self._dialect, err))
+        await self._handler(scope, receive, send)
+
+
+class K3App(Starlette):
+    """Starlette routes everything; the three turn routes (POST, the hot path) are dispatched
+    before its middleware stack, which they do not need: they answer every failure themselves."""
+
+    def __init__(
+        self, k3: K3, routes: list[Route], turns: dict[str, Callable[..., Awaitable[None]]], lifespan: Any
+    ):
+        super().__init__(routes=routes, lifespan=lifespan)
+        self.state.k3 = k3
+        self._turns = turns
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            turn = self._turns.get(scope["path"])
+            if turn is not None:
+                return await turn(scope, receive, send)
+        await super().__call__(scope, receive, send)
+
+
+def create_app(config: Config, *, upstream_transport: httpx.AsyncBaseTransport | None = None) -> K3App:
+    """The ASGI app. `upstream_transport` swaps the network for tests and benchmarks."""
+    k3 = K3(config, upstream_transport)
+
+    def turn_handler(dialect: str) -> Callable[..., Awaitable[None]]:
+        async def handler(scope: Scope, receive: Receive, send: Send) -> None:
+            await k3.turn(scope, receive, send, dialect)
+
+        return handler
+
+    turns = {path: turn_handler(dialect) for path, dialect in TURN_ROUTES.items()}
+    routes = [
+        *(Route(path, _Endpoint(turns[path], ("POST",), dialect)) for path, dialect in TURN_ROUTES.items()),
+        Route("/v1/messages/count_tokens", _Endpoint(k3.count_tokens, ("POST",), "anthropic")),
+        Route("/v1/models", _Endpoint(k3.models, ("GET",))),
+        Route("/health", _Endpoint(k3.health, ("GET",))),
+        Route("/k3/presets", _Endpoint(k3.presets_route, ("GET",))),
+        Route("/k3/stats", _Endpoint(k3.stats_route, ("GET",))),
+        Route("/", _Endpoint(k3.root, ("GET", "HEAD"))),
+        Route("/{path:path}", _Endpoint(k3.not_found, ())),
+    ]
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
+        yield
+        await k3.upstream.aclose()
+
+    return K3App(k3, routes, turns, lifespan)

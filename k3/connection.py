@@ -1,0 +1,155 @@
+"""The client side of one ASGI request: reading the body, JSON answers, the SSE writer with its
+keep-alives, and the watch for a client that hangs up."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+log = logging.getLogger("k3")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+WATCH_AFTER = 0.05  # seconds into a turn before a task starts watching for the client hanging up
+
+_JSON_HEADERS = [(b"content-type", b"application/json")]
+SSE_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-cache"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def headers_of(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+async def send_json(
+    send: Send, status: int, body: bytes, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
+    if extra:
+        headers.extend(extra)
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+class ClientGone(Exception):
+    """The client hung up before its request body was read."""
+
+
+class SSEWriter:
+    """The single writer of one SSE response: commits the 200 once, then writes frames. A timer
+    (not a task: most turns never need it) writes a keep-alive frame after `interval` seconds
+    without output, committing the 200 first if no event came yet."""
+
+    __slots__ = (
+        "_send",
+        "_start",
+        "_headers",
+        "_lock",
+        "_frame",
+        "_interval",
+        "_timer",
+        "_ping",
+        "committed",
+        "closed",
+        "last",
+    )
+
+    def __init__(
+        self, send: Send, start: bytes, headers: list[tuple[bytes, bytes]], keepalive: bytes, interval: float
+    ):
+        self._send = send
+        self._start = start  # the dialect's opening frames, written with the first bytes
+        self._headers = headers
+        self._lock = asyncio.Lock()
+        self._frame = keepalive
+        self._interval = interval
+        self._timer: asyncio.TimerHandle | None = None
+        self._ping: asyncio.Future[None] | None = None
+        self.committed = False
+        self.closed = False
+        self.last = time.monotonic()
+
+    async def _commit(self) -> None:
+        if not self.committed:
+            self.committed = True
+            await self._send({"type": "http.response.start", "status": 200, "headers": self._headers})
+            await self._send({"type": "http.response.body", "body": self._start, "more_body": True})
+
+    async def write(self, data: bytes) -> None:
+        async with self._lock:
+            if self.closed:
+                return
+            await self._commit()
+            if data:
+                await self._send({"type": "http.response.body", "body": data, "more_body": True})
+            self.last = time.monotonic()
+
+    async def close(self, data: bytes = b"") -> None:
+        async with self._lock:
+            if self.closed:
+                return
+            self.closed = True
+            await self._commit()
+            await self._send({"type": "http.response.body", "body": data, "more_body": False})
+
+    def arm(self) -> None:
+        self._timer = asyncio.get_running_loop().call_later(self._interval, self._tick)
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._ping is not None:
+            self._ping.cancel()
+
+    def _tick(self) -> None:
+        idle = time.monotonic() - self.last
+        if idle >= self._interval:
+            if self._ping is None or self._ping.done():
+                self._ping = asyncio.ensure_future(self._keepalive())
+            idle = 0.0
+        self._timer = asyncio.get_running_loop().call_later(self._interval - idle, self._tick)
+
+    async def _keepalive(self) -> None:
+        try:
+            await self.write(self._frame)
+        except Exception:  # the client is gone: the turn itself notices and ends
+            log.debug("keep-alive write failed", exc_info=True)
+
+
+class Hangup:
+    """Watches for the client hanging up and then cancels the turn's task (closing the upstream
+    request with it). Started by a timer, so turns shorter than WATCH_AFTER never pay for it."""
+
+    __slots__ = ("_task", "_receive", "_watcher", "finished", "hung_up")
+
+    def __init__(self, task: asyncio.Task[Any], receive: Receive):
+        self._task = task
+        self._receive = receive
+        self._watcher: asyncio.Future[None] | None = None
+        self.finished = False
+        self.hung_up = False
+
+    def start(self) -> None:
+        self._watcher = asyncio.ensure_future(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                if not self.finished:
+                    self.hung_up = True
+                    self._task.cancel()
+                return
+
+    def stop(self) -> None:
+        self.finished = True
+        if self._watcher is not None:
+            self._watcher.cancel()

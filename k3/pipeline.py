@@ -1,0 +1,367 @@
+"""Upstream OpenAI-Chat chunks -> the canonical event stream (see k3.ir for the contract).
+
+SEAM for text tool-call parsers (k3/tools): the engine's streamed `content` text goes through
+exactly one `TextParser` per turn, built by `make_text_parser(config.tool_parser)`. A parser
+gets text pieces through `feed(chunk)` and returns `TextDelta`, `ReasoningDelta` and
+`ParsedToolCall` events; `finish()` flushes what it held back. The pipeline turns each
+`ParsedToolCall` into ToolCallStart/ToolCallDelta/ToolCallEnd with its own index, closes open
+reasoning before visible output, and upgrades a plain `stop` to `tool_calls`. Native
+`tool_calls` deltas from the engine are handled here regardless of the parser. To add a parser,
+register its name in `make_text_parser` and in `config.TOOL_PARSERS`.
+
+A non-streaming upstream reply is first turned into one synthetic chunk
+(`completion_to_chunk`), so both modes run through the same code.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any, Protocol
+
+import orjson
+
+from k3.errors import ProxyError
+from k3.ir import (
+    CanonicalResponse,
+    Event,
+    Finish,
+    ParsedToolCall,
+    Part,
+    ReasoningDelta,
+    ReasoningEnd,
+    ReasoningPart,
+    StopReason,
+    TextDelta,
+    TextPart,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallPart,
+    ToolCallStart,
+    Usage,
+)
+
+ParserEvent = TextDelta | ReasoningDelta | ParsedToolCall
+
+
+class TextParser(Protocol):
+    def feed(self, chunk: str) -> list[ParserEvent]: ...
+
+    def finish(self) -> list[ParserEvent]: ...
+
+
+class PassthroughParser:
+    """The engine parses tool calls itself (native `tool_calls`): content is plain text."""
+
+    __slots__ = ()
+
+    def feed(self, chunk: str) -> list[ParserEvent]:
+        return [TextDelta(chunk)]
+
+    def finish(self) -> list[ParserEvent]:
+        return []
+
+
+def make_text_parser(name: str) -> TextParser:
+    if name == "passthrough":
+        return PassthroughParser()
+    raise ValueError(f"unknown tool parser {name!r}")
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+_FINISH = {
+    "stop": "stop",
+    "eos": "stop",
+    "end_turn": "stop",
+    "length": "length",
+    "max_tokens": "length",
+    "tool_calls": "tool_calls",
+    "function_call": "tool_calls",
+    "tool_use": "tool_calls",
+    "content_filter": "content_filter",
+}
+
+
+class _NativeCall:
+    __slots__ = ("id", "name", "args", "sent", "index", "started", "closed")
+
+    def __init__(self) -> None:
+        self.id = ""
+        self.name = ""
+        self.args: list[str] = []
+        self.sent = 0  # how many fragments of `args` were already emitted
+        self.index = -1  # our output index, assigned at start
+        self.started = False
+        self.closed = False
+
+
+def completion_to_chunk(completion: dict[str, Any]) -> dict[str, Any]:
+    """A non-streaming chat.completion as one streaming-shaped chunk (message -> delta)."""
+    choices = completion.get("choices")
+    chunk: dict[str, Any] = {"usage": completion.get("usage")}
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        choice = choices[0]
+        message = choice.get("message")
+        delta = dict(message) if isinstance(message, dict) else {}
+        calls = delta.get("tool_calls")
+        if isinstance(calls, list):
+            delta["tool_calls"] = [
+                {**call, "index": call.get("index", i)}
+                for i, call in enumerate(calls)
+                if isinstance(call, dict)
+            ]
+        chunk["choices"] = [
+            {
+                "index": 0,
+                "delta": delta,
+                "finish_reason": choice.get("finish_reason"),
+                "stop_reason": choice.get("stop_reason"),
+            }
+        ]
+    return chunk
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def parse_usage(raw: dict[str, Any]) -> Usage:
+    prompt = raw.get("prompt_tokens", raw.get("input_tokens"))
+    completion = raw.get("completion_tokens", raw.get("output_tokens"))
+    prompt_details = raw.get("prompt_tokens_details")
+    completion_details = raw.get("completion_tokens_details")
+    return Usage(
+        input_tokens=_int(prompt),
+        output_tokens=_int(completion),
+        cached_input_tokens=_int(prompt_details.get("cached_tokens"))
+        if isinstance(prompt_details, dict)
+        else 0,
+        reasoning_tokens=_int(completion_details.get("reasoning_tokens"))
+        if isinstance(completion_details, dict)
+        else 0,
+    )
+
+
+class Translator:
+    """Stateful, one per turn: `feed(chunk)` for each upstream chunk, then `finish()` once."""
+
+    def __init__(self, parser: TextParser, stop: list[str] | None = None, input_estimate: int = 0):
+        self._parser = parser
+        self._stop = stop or ()
+        self._input_estimate = input_estimate
+        self._reasoning: list[str] | None = None  # the open reasoning segment
+        self._calls: dict[int, _NativeCall] = {}
+        self._active: _NativeCall | None = None  # the native call whose deltas stream now
+        self._next_index = 0
+        self._usage: Usage | None = None
+        self._finish_reason: str | None = None
+        self._stop_sequence: str | None = None
+        self._tool_calls = 0
+        self._chars = 0  # visible + reasoning characters, for the usage estimate
+
+    # -- upstream side -------------------------------------------------------------------------
+
+    def feed(self, chunk: dict[str, Any]) -> list[Event]:
+        out: list[Event] = []
+        usage = chunk.get("usage")
+        if isinstance(usage, dict):
+            self._usage = parse_usage(usage)
+        choices = chunk.get("choices")
+        if not isinstance(choices, list) or not choices:
+            return out
+        choice = choices[0]
+        if not isinstance(choice, dict):
+            return out
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            delta = choice.get("message")
+        if isinstance(delta, dict):
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if reasoning and isinstance(reasoning, str):
+                self._close_active(out)
+                self._reason(reasoning, out)
+            content = delta.get("content")
+            if content:
+                text = _text_of(content)
+                if text:
+                    self._apply(self._parser.feed(text), out)
+            calls = delta.get("tool_calls")
+            if calls and isinstance(calls, list):
+                for fragment in calls:
+                    if isinstance(fragment, dict):
+                        self._native(fragment, out)
+        reason = choice.get("finish_reason")
+        if reason and isinstance(reason, str):
+            self._finish_reason = reason
+            stop_reason = choice.get("stop_reason")
+            if isinstance(stop_reason, str) and stop_reason in self._stop:
+                self._stop_sequence = stop_reason
+        return out
+
+    def finish(self) -> list[Event]:
+        out: list[Event] = []
+        self._apply(self._parser.finish(), out)
+        self._close_reasoning(out)
+        self._close_active(out)
+        for call in self._calls.values():
+            if not call.closed and call.name:  # a call the engine never named cannot be run: dropped
+                self._start(call, out)
+                self._close(call, out)
+        stop: StopReason = _FINISH.get(self._finish_reason or "stop", "stop")  # type: ignore[assignment]
+        if self._tool_calls and stop == "stop":
+            stop = "tool_calls"
+        usage = self._usage
+        if usage is None:  # the engine sent none: a documented chars/4 estimate
+            usage = Usage(
+                input_tokens=self._input_estimate,
+                output_tokens=max(1, self._chars // 4) if self._chars else 0,
+            )
+        out.append(Finish(stop, usage, self._stop_sequence if stop == "stop" else None))
+        return out
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _reason(self, text: str, out: list[Event]) -> None:
+        if self._reasoning is None:
+            self._reasoning = []
+        self._reasoning.append(text)
+        self._chars += len(text)
+        out.append(ReasoningDelta(text))
+
+    def _close_reasoning(self, out: list[Event]) -> None:
+        if self._reasoning is not None:
+            out.append(ReasoningEnd("".join(self._reasoning)))
+            self._reasoning = None
+
+    def _apply(self, events: list[ParserEvent], out: list[Event]) -> None:
+        for event in events:
+            if isinstance(event, TextDelta):
+                if event.text:
+                    self._close_active(out)
+                    self._close_reasoning(out)
+                    self._chars += len(event.text)
+                    out.append(event)
+            elif isinstance(event, ReasoningDelta):
+                if event.text:
+                    self._close_active(out)
+                    self._reason(event.text, out)
+            else:
+                self._close_active(out)
+                self._close_reasoning(out)
+                index = self._next_index
+                self._next_index += 1
+                self._tool_calls += 1
+                self._chars += len(event.arguments)
+                call_id = event.id or new_call_id()
+                out.append(ToolCallStart(index, call_id, event.name))
+                if event.arguments:
+                    out.append(ToolCallDelta(index, event.arguments))
+                out.append(ToolCallEnd(index, call_id, event.name, event.arguments))
+
+    def _native(self, fragment: dict[str, Any], out: list[Event]) -> None:
+        key = fragment.get("index")
+        if not isinstance(key, int) or isinstance(key, bool):
+            # No index: a fragment with a new id opens a call, one without continues the last.
+            continues = self._calls and not fragment.get("id")
+            key = next(reversed(self._calls)) if continues else max(self._calls, default=-1) + 1
+        call = self._calls.get(key)
+        if call is None:
+            call = self._calls[key] = _NativeCall()
+        elif call.closed:
+            raise ProxyError(
+                502,
+                f"upstream sent more of tool call {key} after starting another one",
+                code="upstream_protocol",
+            )
+        call_id = fragment.get("id")
+        if isinstance(call_id, str) and call_id and not call.started:
+            call.id = call_id
+        function = fragment.get("function")
+        if isinstance(function, dict):
+            name = function.get("name")
+            # Names may arrive split; some engines repeat the whole name on every delta.
+            if isinstance(name, str) and name and not call.started and name != call.name:
+                call.name += name
+            args = function.get("arguments")
+            if isinstance(args, str) and args:
+                call.args.append(args)
+                self._chars += len(args)
+            elif isinstance(args, dict):  # a few engines send an object; keep it as JSON text
+                call.args.append(orjson.dumps(args).decode())
+        if call is not self._active:
+            if not call.name or not call.args:
+                return  # hold the start until the name is whole and arguments have begun
+            self._close_active(out)
+            self._close_reasoning(out)
+            self._start(call, out)
+            self._active = call
+        if call.sent < len(call.args):
+            out.append(ToolCallDelta(call.index, "".join(call.args[call.sent :])))
+            call.sent = len(call.args)
+
+    def _start(self, call: _NativeCall, out: list[Event]) -> None:
+        if call.started:
+            return
+        call.started = True
+        call.index = self._next_index
+        self._next_index += 1
+        self._tool_calls += 1
+        if not call.id:
+            call.id = new_call_id()
+        out.append(ToolCallStart(call.index, call.id, call.name))
+
+    def _close(self, call: _NativeCall, out: list[Event]) -> None:
+        if call.sent < len(call.args):
+            out.append(ToolCallDelta(call.index, "".join(call.args[call.sent :])))
+            call.sent = len(call.args)
+        call.closed = True
+        out.append(ToolCallEnd(call.index, call.id, call.name, "".join(call.args)))
+
+    def _close_active(self, out: list[Event]) -> None:
+        if self._active is not None:
+            self._close(self._active, out)
+            self._active = None
+
+
+class Collector:
+    """Folds the event stream into a CanonicalResponse (JSON egress). Parts keep stream order."""
+
+    __slots__ = ("parts", "_text", "finish")
+
+    def __init__(self) -> None:
+        self.parts: list[Part] = []
+        self._text: list[str] = []
+        self.finish: Finish | None = None
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, TextDelta):
+            self._text.append(event.text)
+        elif isinstance(event, ReasoningDelta):
+            self._flush_text()
+        elif isinstance(event, ReasoningEnd):
+            self.parts.append(ReasoningPart(event.text, event.signature))
+        elif isinstance(event, ToolCallEnd):
+            self._flush_text()
+            self.parts.append(ToolCallPart(event.id, event.name, event.arguments))
+        elif isinstance(event, Finish):
+            self._flush_text()
+            self.finish = event
+
+    def _flush_text(self) -> None:
+        if self._text:
+            self.parts.append(TextPart("".join(self._text)))
+            self._text = []
+
+    def response(self) -> CanonicalResponse:
+        finish = self.finish or Finish("stop", Usage())
+        return CanonicalResponse(self.parts, finish.stop_reason, finish.usage, finish.stop_sequence)

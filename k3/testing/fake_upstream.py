@@ -1,0 +1,306 @@
+"""A scripted fake OpenAI Chat Completions engine (a real ASGI app) for tests and benchmarks.
+
+    fake = FakeUpstream()
+    fake.push(Reply(reasoning="think", tool_calls=[ToolCall("bash", '{"cmd": "ls"}')]))
+    with serve_in_thread(fake) as base_url:   # http://127.0.0.1:PORT/v1
+        ...  # point k3 at base_url; fake.requests holds every payload it received
+
+Each POST `.../chat/completions` pops the next scripted `Reply` (or echoes the last user text
+when the script is empty) and answers it as JSON or SSE, following the request's `stream`.
+A Reply can also be an HTTP error, a slow stream, a stream cut short, or a stream that reports
+an error mid-way. `GET .../models` lists the model. The tokenizer endpoints follow
+`tokenizer`: "vllm" answers `POST /tokenize {messages}` with `{"count": N}`; "llama.cpp" serves
+`POST /apply-template {messages} -> {prompt}` and `POST /tokenize {content} -> {tokens}`; None
+serves neither. Every client disconnect during a stream is counted
+in `disconnects` and sets `disconnected`, so a test can see the proxy close the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+import uvicorn
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # raw JSON text, streamed in slices as the model would
+    id: str | None = None
+
+
+@dataclass
+class Reply:
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None  # default: "tool_calls" when there are calls, else "stop"
+    usage: bool = True  # send usage (always in JSON; in streams as the final chunk)
+    reasoning_key: str = "reasoning_content"  # "reasoning" for newer vLLM
+    stop_reason: str | None = None  # vLLM's matched stop string
+    status: int = 200  # >= 400: answer with an error body instead
+    error: str = "scripted upstream error"
+    chunk_chars: int = 8  # characters per streamed slice of text, reasoning and arguments
+    delay: float = 0.0  # seconds before each streamed chunk (before the body, for JSON replies)
+    cut_after: int | None = None  # end the stream after this many chunks: no finish, no [DONE]
+    drop_after: int | None = None  # drop the connection after this many chunks (an engine crash)
+    error_after: int | None = None  # after this many chunks send an {"error": ...} chunk and stop
+
+
+def _slices(text: str, size: int) -> list[str]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+class FakeUpstream:
+    def __init__(self, model: str = "kimi-linear", tokenizer: str | None = "vllm"):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.script: deque[Reply] = deque()
+        self.requests: list[dict[str, Any]] = []  # chat payloads, in arrival order
+        self.tokenize_requests: list[dict[str, Any]] = []
+        self.disconnects = 0
+        self.disconnected = threading.Event()
+        self.chunks_sent = 0  # streamed chunks written, over all requests
+
+    def push(self, *replies: Reply) -> None:
+        self.script.extend(replies)
+
+    def reset(self) -> None:
+        self.script.clear()
+        self.requests.clear()
+        self.tokenize_requests.clear()
+        self.disconnects = 0
+        self.disconnected.clear()
+        self.chunks_sent = 0
+
+    # -- replies --------------------------------------------------------------------------------
+
+    def _next_reply(self, payload: dict[str, Any]) -> Reply:
+        if self.script:
+            return self.script.popleft()
+        last = ""
+        for message in reversed(payload.get("messages") or []):
+            if isinstance(message, dict) and message.get("role") == "user":
+                content = message.get("content")
+                last = content if isinstance(content, str) else orjson.dumps(content).decode()
+                break
+        return Reply(content=f"echo: {last}")
+
+    def _usage(self, payload: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        prompt = max(1, len(orjson.dumps(payload.get("messages", []))) // 4)
+        completion = max(
+            1,
+            (len(reply.content) + len(reply.reasoning) + sum(len(c.arguments) for c in reply.tool_calls))
+            // 4,
+        )
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": 0},
+            "completion_tokens_details": {"reasoning_tokens": len(reply.reasoning) // 4},
+        }
+
+    def _finish(self, reply: Reply) -> str:
+        return reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
+
+    def completion(self, payload: dict[str, Any], reply: Reply) -> dict[str, Any]:
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
+        if reply.reasoning:
+            message[reply.reasoning_key] = reply.reasoning
+        if reply.tool_calls:
+            message["tool_calls"] = [
+                {
+                    "id": c.id or f"call_fake{i}",
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for i, c in enumerate(reply.tool_calls)
+            ]
+        choice = {
+            "index": 0,
+            "message": message,
+            "finish_reason": self._finish(reply),
+            "stop_reason": reply.stop_reason,
+        }
+        body = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": 0,
+            "model": payload.get("model", self.model),
+            "choices": [choice],
+        }
+        if reply.usage:
+            body["usage"] = self._usage(payload, reply)
+        return body
+
+    def chunks(self, payload: dict[str, Any], reply: Reply) -> list[dict[str, Any]]:
+        head = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": payload.get("model"),
+        }
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+            return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, **extra}]}
+
+        out = [chunk({"role": "assistant", "content": ""})]
+        out += [chunk({reply.reasoning_key: s}) for s in _slices(reply.reasoning, reply.chunk_chars)]
+        out += [chunk({"content": s}) for s in _slices(reply.content, reply.chunk_chars)]
+        for i, call in enumerate(reply.tool_calls):
+            first = {
+                "index": i,
+                "id": call.id or f"call_fake{i}",
+                "type": "function",
+                "function": {"name": call.name, "arguments": ""},
+            }
+            out.append(chunk({"tool_calls": [first]}))
+            out += [
+                chunk({"tool_calls": [{"index": i, "function": {"arguments": s}}]})
+                for s in _slices(call.arguments, reply.chunk_chars)
+            ]
+        out.append(chunk({}, self._finish(reply), stop_reason=reply.stop_reason))
+        if reply.usage:
+            out.append({**head, "choices": [], "usage": self._usage(payload, reply)})
+        return out
+
+    # -- ASGI -----------------------------------------------------------------------------------
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if path.endswith("/chat/completions") and scope["method"] == "POST":
+            payload = orjson.loads(body)
+            self.requests.append(payload)
+            await self._chat(payload, receive, send)
+        elif path.endswith("/models"):
+            await self._json(
+                send,
+                200,
+                {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "fake"}]},
+            )
+        elif path in ("/tokenize", "/apply-template") and self.tokenizer is not None:
+            request = orjson.loads(body)
+            self.tokenize_requests.append(request)
+            await self._json(send, 200, self._tokenizer_reply(path, request))
+        else:
+            await self._json(
+                send, 404, {"error": {"message": f"no route {path}", "type": "not_found", "code": 404}}
+            )
+
+    def _tokenizer_reply(self, path: str, request: dict[str, Any]) -> dict[str, Any]:
+        if self.tokenizer == "vllm":
+            return {"count": max(1, len(orjson.dumps(request.get("messages", []))) // 4)}
+        if path == "/apply-template":  # llama.cpp
+            return {
+                "prompt": "".join(
+                    f"<{m['role']}>{m.get('content') or ''}" for m in request.get("messages", [])
+                )
+            }
+        return {"tokens": list(range(len(request.get("content", "")) // 4))}
+
+    async def _json(self, send: Any, status: int, body: dict[str, Any]) -> None:
+        raw = orjson.dumps(body)
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": raw})
+
+    async def _chat(self, payload: dict[str, Any], receive: Any, send: Any) -> None:
+        reply = self._next_reply(payload)
+        if reply.status >= 400:
+            error = {
+                "message": reply.error,
+                "type": "BadRequestError" if reply.status < 500 else "InternalServerError",
+                "code": reply.status,
+            }
+            return await self._json(send, reply.status, {"object": "error", **error, "error": error})
+        if not payload.get("stream"):
+            if reply.delay:
+                await asyncio.sleep(reply.delay)
+            return await self._json(send, 200, self.completion(payload, reply))
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        watcher = asyncio.ensure_future(self._watch(receive))
+        try:
+            for n, chunk in enumerate(self.chunks(payload, reply)):
+                if reply.cut_after is not None and n >= reply.cut_after:
+                    break
+                if reply.drop_after is not None and n >= reply.drop_after:
+                    return  # an unfinished response: the server closes the connection
+                if reply.error_after is not None and n >= reply.error_after:
+                    err = {"error": {"message": reply.error, "type": "InternalServerError", "code": 500}}
+                    await send(
+                        {
+                            "type": "http.response.body",
+                            "body": b"data: " + orjson.dumps(err) + b"\n\n",
+                            "more_body": True,
+                        }
+                    )
+                    break
+                if reply.delay:
+                    await asyncio.sleep(reply.delay)
+                if watcher.done():
+                    return  # the client went away: stop generating, as a real engine does
+                await send(
+                    {
+                        "type": "http.response.body",
+                        "body": b"data: " + orjson.dumps(chunk) + b"\n\n",
+                        "more_body": True,
+                    }
+                )
+                self.chunks_sent += 1
+            else:
+                await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()
+
+    async def _watch(self, receive: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.disconnects += 1
+                self.disconnected.set()
+                return
+
+
+@contextmanager
+def serve_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve an ASGI app with uvicorn in a daemon thread on an ephemeral port; yields `http://host:port/v1`."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="off", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(1000):
+            if server.started:
+                break
+            if not thread.is_alive():
+                raise RuntimeError("the fake upstream server thread died on start")
+            threading.Event().wait(0.01)
+        else:
+            raise RuntimeError("the fake upstream server did not start within 10 s")
+        yield f"http://{host}:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()

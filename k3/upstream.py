@@ -1,0 +1,274 @@
+"""The one pooled HTTP client to the engine, and the mapping of its failures to ProxyError.
+
+502: the engine cannot be reached or broke the protocol; 504: it timed out (connect or read:
+the read timeout is the longest silence allowed between two chunks); an engine 4xx/5xx passes
+through with its own status and message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import orjson
+
+from k3.config import Config
+from k3.errors import ProxyError
+from k3.sse import SSEDecoder
+
+_ERROR_BODY_LIMIT = 64 * 1024
+
+
+def upstream_message(status: int, raw: bytes) -> str:
+    """The engine's own error message (OpenAI, vLLM, llama.cpp and FastAPI shapes), else its text."""
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+        for value in (error, body.get("message"), body.get("detail")):
+            if isinstance(value, str):
+                return value
+    text = raw[:2000].decode("utf-8", "replace").strip()
+    return text or f"upstream returned HTTP {status} with an empty body"
+
+
+def _transport_error(exc: Exception, url: str) -> ProxyError:
+    if isinstance(exc, httpx.TimeoutException):
+        return ProxyError(504, f"upstream timed out ({type(exc).__name__}) at {url}", code="upstream_timeout")
+    if isinstance(exc, httpx.ConnectError):
+        return ProxyError(502, f"cannot reach the upstream at {url}: {exc}", code="upstream_unreachable")
+    return ProxyError(
+        502, f"upstream connection failed at {url}: {type(exc).__name__}: {exc}", code="upstream_error"
+    )
+
+
+def _stream_error(chunk: dict[str, Any]) -> ProxyError:
+    """An `{"error": ...}` object sent inside the SSE stream (vLLM does this on failures)."""
+    error = chunk["error"]
+    message = error.get("message") if isinstance(error, dict) else error
+    code = error.get("code") if isinstance(error, dict) else None
+    status = code if isinstance(code, int) and 400 <= code < 600 else 502
+    return ProxyError(status, str(message or "upstream reported an error mid-stream"), code="upstream_error")
+
+
+class _ChunkReader:
+    """SSE payloads -> chunk objects; notes `[DONE]`, an error chunk, and whether a finish_reason was seen."""
+
+    __slots__ = ("done", "finished", "error")
+
+    def __init__(self) -> None:
+        self.done = False
+        self.finished = False
+        self.error: ProxyError | None = None
+
+    def parse(self, payloads: list[bytes]) -> list[dict[str, Any]]:
+        batch = []
+        for data in payloads:
+            if data == b"[DONE]":
+                self.done = True
+                break
+            try:
+                chunk = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                continue  # engines occasionally emit non-JSON notices; nothing to translate
+            if not isinstance(chunk, dict):
+                continue
+            if "error" in chunk and not chunk.get("choices"):
+                self.error = _stream_error(chunk)  # raised after the chunks before it are passed on
+                break
+            if not self.finished:
+                choices = chunk.get("choices")
+                self.finished = (
+                    bool(choices) and isinstance(choices[0], dict) and bool(choices[0].get("finish_reason"))
+                )
+            batch.append(chunk)
+        return batch
+
+
+class Upstream:
+    """One pooled `httpx.AsyncClient`. Chat completions, the hot path, go straight to the client's
+    transport (its connection pool) with a prepared request, and read the raw body stream: the
+    client layer's URL merging, cookie jar, auth, redirect and decoding machinery is not needed
+    there (k3 sends no Accept-Encoding, so bodies come uncompressed) and costs more than the rest
+    of a turn's translation. Side calls (/models, /tokenize) use the client itself."""
+
+    def __init__(self, config: Config, transport: httpx.AsyncBaseTransport | None = None):
+        self.base = config.upstream_base
+        self.chat_url = self.base + "/chat/completions"
+        headers = {"content-type": "application/json"}
+        if config.upstream_api_key:
+            headers["authorization"] = f"Bearer {config.upstream_api_key}"
+        timeout = httpx.Timeout(config.read_timeout, connect=config.connect_timeout)
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=60)
+        self.transport = transport or httpx.AsyncHTTPTransport(limits=limits)
+        self.client = httpx.AsyncClient(headers=headers, timeout=timeout, transport=self.transport)
+        self._chat_url = httpx.URL(self.chat_url)
+        # A request built from a stream gets no automatic headers: Host comes from here.
+        self._headers = [(b"Host", self._chat_url.netloc)] + [
+            (k.encode(), v.encode()) for k, v in headers.items()
+        ]
+        self._extensions = {"timeout": timeout.as_dict()}
+        # Server root for the tokenizer endpoints (vLLM and llama.cpp serve /tokenize there, not under /v1).
+        self.root = self.base[: -len("/v1")] if self.base.endswith("/v1") else self.base
+        self.tokenizer: str | None = None  # "vllm" | "llama.cpp" | "none", learned on first use
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def _chat_request(self, body: bytes) -> httpx.Request:
+        headers = [*self._headers, (b"Content-Length", str(len(body)).encode())]
+        return httpx.Request(
+            "POST",
+            self._chat_url,
+            headers=headers,
+            stream=httpx.ByteStream(body),
+            extensions=self._extensions,
+        )
+
+    async def complete(self, body: bytes) -> dict[str, Any]:
+        """Non-streaming chat completion."""
+        try:
+            response = await self.transport.handle_async_request(self._chat_request(body))
+            try:
+                content = b"".join([piece async for piece in response.stream])  # type: ignore[union-attr]
+            finally:
+                await response.aclose()
+        except httpx.TransportError as exc:
+            raise _transport_error(exc, self.chat_url) from exc
+        if response.status_code >= 400:
+            message = upstream_message(response.status_code, content)
+            raise ProxyError(response.status_code, message, code="upstream_error")
+        try:
+            completion = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            raise ProxyError(502, "upstream sent a body that is not JSON", code="upstream_protocol") from None
+        if not isinstance(completion, dict):
+            raise ProxyError(502, "upstream sent JSON that is not an object", code="upstream_protocol")
+        return completion
+
+    @asynccontextmanager
+    async def stream(self, body: bytes) -> AsyncIterator[AsyncIterator[list[dict[str, Any]]]]:
+        """Streaming chat completion: yields an iterator of chunk batches. Status errors raise here,
+        before any chunk, so the caller can still answer with a plain JSON error."""
+        try:
+            response = await self.transport.handle_async_request(self._chat_request(body))
+        except httpx.TransportError as exc:
+            raise _transport_error(exc, self.chat_url) from exc
+        try:
+            if response.status_code >= 400:
+                raw = b""
+                try:
+                    async for piece in response.stream:  # type: ignore[union-attr]
+                        raw += piece
+                        if len(raw) > _ERROR_BODY_LIMIT:
+                            break
+                except httpx.TransportError:
+                    pass  # the status is the message; a cut error body does not change it
+                message = upstream_message(response.status_code, raw)
+                raise ProxyError(response.status_code, message, code="upstream_error")
+            chunks = self._batches(response)
+            try:
+                yield chunks
+            finally:
+                await chunks.aclose()
+        finally:
+            await response.aclose()
+
+    async def _batches(self, response: httpx.Response) -> AsyncIterator[list[dict[str, Any]]]:
+        """Chunk objects, batched per network read: what arrived together is translated and
+        written to the client together."""
+        decoder = SSEDecoder()
+        reader = _ChunkReader()
+        try:
+            async for raw in response.stream:  # type: ignore[union-attr]
+                batch = reader.parse(decoder.feed(raw))
+                if batch:
+                    yield batch
+                if reader.error is not None:
+                    raise reader.error
+                if reader.done:
+                    return
+            batch = reader.parse(decoder.finish())
+            if batch:
+                yield batch
+            if reader.error is not None:
+                raise reader.error
+        except httpx.TransportError as exc:
+            raise _transport_error(exc, self.chat_url) from exc
+        if not (reader.done or reader.finished):
+            raise ProxyError(
+                502, "upstream stream ended before the completion finished", code="upstream_protocol"
+            )
+
+    async def models(self) -> list[str]:
+        """GET /models: the engine's model ids (for doctor and /health)."""
+        url = self.base + "/models"
+        try:
+            response = await self.client.get(url, timeout=10.0)
+        except httpx.TransportError as exc:
+            raise _transport_error(exc, url) from exc
+        if response.status_code >= 400:
+            raise ProxyError(
+                response.status_code,
+                upstream_message(response.status_code, response.content),
+                code="upstream_error",
+            )
+        try:
+            data = orjson.loads(response.content).get("data", [])
+            return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            raise ProxyError(
+                502, "upstream /models is not an OpenAI model list", code="upstream_protocol"
+            ) from None
+
+    async def count_tokens(self, payload: dict[str, Any]) -> int | None:
+        """Exact prompt tokens from the engine's tokenizer endpoint, or None when it has none.
+
+        vLLM: POST /tokenize {model, messages, tools} -> {count}. llama.cpp: POST /apply-template
+        {messages} -> {prompt}, then POST /tokenize {content} -> {tokens}. The kind that answers
+        is remembered; an engine with neither is not asked again.
+        """
+        if self.tokenizer == "none":
+            return None
+        try:
+            if self.tokenizer in (None, "vllm"):
+                body = {
+                    "model": payload["model"],
+                    "messages": payload["messages"],
+                    "add_generation_prompt": True,
+                }
+                if payload.get("tools"):
+                    body["tools"] = payload["tools"]
+                count = await self._post_json(self.root + "/tokenize", body)
+                if isinstance(count, dict) and isinstance(count.get("count"), int):
+                    self.tokenizer = "vllm"
+                    return count["count"]
+            templated = await self._post_json(
+                self.root + "/apply-template", {"messages": payload["messages"]}
+            )
+            if isinstance(templated, dict) and isinstance(templated.get("prompt"), str):
+                tokens = await self._post_json(self.root + "/tokenize", {"content": templated["prompt"]})
+                if isinstance(tokens, dict) and isinstance(tokens.get("tokens"), list):
+                    self.tokenizer = "llama.cpp"
+                    return len(tokens["tokens"])
+        except (httpx.TransportError, ProxyError):
+            return None  # transient: try again next time
+        self.tokenizer = "none"
+        return None
+
+    async def _post_json(self, url: str, body: dict[str, Any]) -> Any:
+        response = await self.client.post(url, content=orjson.dumps(body), timeout=10.0)
+        if response.status_code >= 500:
+            raise ProxyError(response.status_code, "tokenizer endpoint failed")
+        if response.status_code >= 400:
+            return None
+        try:
+            return orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            return None

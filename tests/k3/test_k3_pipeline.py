@@ -1,0 +1,367 @@
+"""Upstream chunks -> canonical events: ordering, native tool-call folding, the text-parser seam."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from k3.errors import ProxyError
+from k3.ir import (
+    Finish,
+    ParsedToolCall,
+    ReasoningDelta,
+    ReasoningEnd,
+    ReasoningPart,
+    TextDelta,
+    TextPart,
+    ToolCallDelta,
+    ToolCallEnd,
+    ToolCallPart,
+    ToolCallStart,
+)
+from k3.pipeline import Collector, PassthroughParser, Translator, completion_to_chunk, make_text_parser
+from k3.sse import SSEDecoder
+from k3.testing.fake_upstream import FakeUpstream, Reply, ToolCall
+
+
+def chunk(delta=None, finish=None, **extra):
+    return {"choices": [{"index": 0, "delta": delta or {}, "finish_reason": finish}], **extra}
+
+
+def run(chunks, parser=None, stop=None):
+    translator = Translator(parser or PassthroughParser(), stop)
+    events = []
+    for c in chunks:
+        events += translator.feed(c)
+    return events + translator.finish()
+
+
+def kinds(events):
+    return [type(e).__name__ for e in events]
+
+
+def fold(events):
+    collector = Collector()
+    for e in events:
+        collector.add(e)
+    return collector.response()
+
+
+def test_reasoning_closes_before_text_and_reopens_as_a_new_segment():
+    events = run(
+        [
+            chunk({"reasoning_content": "r1"}),
+            chunk({"content": "t1"}),
+            chunk({"reasoning_content": "r2"}),
+            chunk({"content": "t2"}, "stop"),
+        ]
+    )
+    assert kinds(events) == [
+        "ReasoningDelta", "ReasoningEnd", "TextDelta", "ReasoningDelta", "ReasoningEnd", "TextDelta", "Finish",
+    ]  # fmt: skip
+    assert [e.text for e in events if isinstance(e, ReasoningEnd)] == ["r1", "r2"]
+    response = fold(events)
+    assert response.parts == [ReasoningPart("r1"), TextPart("t1"), ReasoningPart("r2"), TextPart("t2")]
+
+
+def test_reasoning_field_named_reasoning_is_read_too():
+    events = run([chunk({"reasoning": "why"}), chunk({"content": "x"}, "stop")])
+    assert [e.text for e in events if isinstance(e, ReasoningDelta)] == ["why"]
+
+
+def test_native_call_held_until_name_whole_and_arguments_begun():
+    events = run(
+        [
+            chunk({"tool_calls": [{"index": 0, "id": "call_a", "function": {"name": "get_"}}]}),
+            chunk({"tool_calls": [{"index": 0, "function": {"name": "weather", "arguments": ""}}]}),
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city"'}}]}),
+            chunk(
+                {"tool_calls": [{"index": 0, "function": {"name": "get_weather", "arguments": ': "SF"}'}}]}
+            ),
+            chunk({}, "tool_calls"),
+        ]
+    )
+    starts = [e for e in events if isinstance(e, ToolCallStart)]
+    assert starts == [
+        ToolCallStart(0, "call_a", "get_weather")
+    ]  # name split, then repeated: announced once, whole
+    assert "".join(e.text for e in events if isinstance(e, ToolCallDelta)) == '{"city": "SF"}'
+    end = next(e for e in events if isinstance(e, ToolCallEnd))
+    assert end == ToolCallEnd(0, "call_a", "get_weather", '{"city": "SF"}')
+    assert events[-1].stop_reason == "tool_calls"
+
+
+def test_arguments_before_the_name_still_reach_the_client():
+    events = run(
+        [
+            chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"a":'}}]}),
+            chunk(
+                {"tool_calls": [{"index": 0, "id": "call_x", "function": {"name": "f", "arguments": " 1}"}}]}
+            ),
+            chunk({}, "stop"),
+        ]
+    )
+    assert "".join(e.text for e in events if isinstance(e, ToolCallDelta)) == '{"a": 1}'
+    assert next(e for e in events if isinstance(e, ToolCallStart)).name == "f"
+
+
+def test_id_is_frozen_at_start_and_minted_when_missing():
+    events = run(
+        [
+            chunk({"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": "{}"}}]}),
+            chunk({"tool_calls": [{"index": 0, "id": "late_id", "function": {"arguments": ""}}]}),
+            chunk({}, "tool_calls"),
+        ]
+    )
+    start = next(e for e in events if isinstance(e, ToolCallStart))
+    end = next(e for e in events if isinstance(e, ToolCallEnd))
+    assert start.id.startswith("call_") and len(start.id) == 29
+    assert end.id == start.id
+
+
+def test_sequential_calls_never_interleave_and_late_fragments_are_an_error():
+    events = run(
+        [
+            chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "f", "arguments": "{}"}}]}),
+            chunk({"tool_calls": [{"index": 1, "id": "b", "function": {"name": "g", "arguments": "{"}}]}),
+            chunk({"tool_calls": [{"index": 1, "function": {"arguments": "}"}}]}),
+            chunk({}, "tool_calls"),
+        ]
+    )
+    assert kinds(events) == [
+        "ToolCallStart", "ToolCallDelta", "ToolCallEnd", "ToolCallStart", "ToolCallDelta", "ToolCallDelta",
+        "ToolCallEnd", "Finish",
+    ]  # fmt: skip
+    assert [e.index for e in events if isinstance(e, ToolCallStart)] == [0, 1]
+    translator = Translator(PassthroughParser())
+    translator.feed(
+        chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "f", "arguments": "{"}}]})
+    )
+    translator.feed(
+        chunk({"tool_calls": [{"index": 1, "id": "b", "function": {"name": "g", "arguments": "{"}}]})
+    )
+    with pytest.raises(ProxyError) as err:
+        translator.feed(chunk({"tool_calls": [{"index": 0, "function": {"arguments": "}"}}]}))
+    assert err.value.status == 502
+
+
+def test_a_call_that_never_got_arguments_is_still_announced_at_the_end():
+    events = run(
+        [chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "ls"}}]}), chunk({}, "stop")]
+    )
+    assert kinds(events) == ["ToolCallStart", "ToolCallEnd", "Finish"]
+    assert events[1].arguments == ""
+
+
+def test_a_call_never_named_is_dropped_rather_than_sent_nameless():
+    events = run(
+        [chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"arguments": "{}"}}]}), chunk({}, "stop")]
+    )
+    assert kinds(events) == ["Finish"] and events[0].stop_reason == "stop"
+
+
+class ScriptedParser:
+    """A stand-in for a text tool-call parser: it finds `CALL` in the text."""
+
+    def __init__(self):
+        self.buffer = ""
+
+    def feed(self, chunk):
+        self.buffer += chunk
+        return []
+
+    def finish(self):
+        before, _, after = self.buffer.partition("CALL")
+        return [
+            TextDelta(before),
+            ReasoningDelta("hidden"),
+            ParsedToolCall("f", '{"x": 1}'),
+            TextDelta(after),
+        ]
+
+
+def test_text_parser_seam_expands_parsed_calls_and_upgrades_stop():
+    events = run(
+        [chunk({"content": "Sure. CALL"}), chunk({"content": " done"}, "stop")], parser=ScriptedParser()
+    )
+    assert kinds(events) == [
+        "TextDelta", "ReasoningDelta", "ReasoningEnd", "ToolCallStart", "ToolCallDelta", "ToolCallEnd",
+        "TextDelta", "Finish",
+    ]  # fmt: skip
+    assert events[-1].stop_reason == "tool_calls"
+    assert fold(events).parts[2] == ToolCallPart(events[3].id, "f", '{"x": 1}')
+
+
+def test_make_text_parser_knows_passthrough_only_for_now():
+    assert isinstance(make_text_parser("passthrough"), PassthroughParser)
+    with pytest.raises(ValueError):
+        make_text_parser("kimi_k3")
+
+
+@pytest.mark.parametrize(
+    ("upstream", "expected"),
+    [("stop", "stop"), ("length", "length"), ("tool_calls", "tool_calls"), ("content_filter", "content_filter"),
+     ("function_call", "tool_calls"), ("weird", "stop"), (None, "stop")],
+)  # fmt: skip
+def test_finish_reason_mapping(upstream, expected):
+    assert run([chunk({"content": "x"}, upstream)])[-1].stop_reason == expected
+
+
+def test_length_stays_length_with_tool_calls():
+    events = run(
+        [
+            chunk(
+                {"tool_calls": [{"index": 0, "id": "a", "function": {"name": "f", "arguments": "{"}}]},
+                "length",
+            )
+        ]
+    )
+    assert events[-1].stop_reason == "length"
+
+
+def test_stop_sequence_reported_when_the_engine_names_it():
+    events = run(
+        [
+            chunk({"content": "x"}, "stop", usage=None)
+            | {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "stop_reason": "</s1>"}]}
+        ],
+        stop=["</s1>"],
+    )
+    assert events[-1].stop_sequence == "</s1>"
+    assert run([chunk({"content": "x"}, "stop")], stop=["</s1>"])[-1].stop_sequence is None
+
+
+def test_usage_parsed_or_estimated():
+    usage = {
+        "prompt_tokens": 10, "completion_tokens": 5,
+        "prompt_tokens_details": {"cached_tokens": 4}, "completion_tokens_details": {"reasoning_tokens": 2},
+    }  # fmt: skip
+    finish = run([chunk({"content": "x"}, "stop"), {"choices": [], "usage": usage}])[-1]
+    assert (finish.usage.input_tokens, finish.usage.output_tokens) == (10, 5)
+    assert (finish.usage.cached_input_tokens, finish.usage.reasoning_tokens) == (4, 2)
+    translator = Translator(PassthroughParser(), input_estimate=123)
+    translator.feed(chunk({"content": "x" * 40}, "stop"))
+    estimated = translator.finish()[-1]
+    assert (estimated.usage.input_tokens, estimated.usage.output_tokens) == (123, 10)
+
+
+def test_empty_upstream_gives_only_finish():
+    assert kinds(run([])) == ["Finish"]
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        Reply(content="plain text answer"),
+        Reply(reasoning="thinking about it", content="answer"),
+        Reply(
+            reasoning="r",
+            content="calling",
+            tool_calls=[ToolCall("a", '{"x": [1, 2]}', "c1"), ToolCall("b", "{}", "c2")],
+        ),
+        Reply(content="truncated", finish_reason="length"),
+    ],
+)
+def test_stream_and_json_replies_fold_to_the_same_response(reply):
+    fake = FakeUpstream()
+    payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    streamed = fold(run(fake.chunks(payload, reply)))
+    whole = fold(run([completion_to_chunk(fake.completion(payload, reply))]))
+    assert streamed == whole
+
+
+def test_sse_decoder_is_split_invariant():
+    raw = (
+        b': comment\r\n\r\nevent: x\ndata: {"a": 1}\n\n'
+        b"data: line1\ndata: line2\n\nid: 7\ndata:no-space\n\ndata: [DONE]\n\n"
+    )
+    expected = [b'{"a": 1}', b"line1\nline2", b"no-space", b"[DONE]"]
+    rng = random.Random(0)
+    for _ in range(200):
+        cuts = sorted(rng.sample(range(1, len(raw)), 5))
+        decoder = SSEDecoder()
+        out = []
+        for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True):
+            out += decoder.feed(raw[a:b])
+        assert out + decoder.finish() == expected
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: tail-without-blank-line") == []
+    assert decoder.finish() == [b"tail-without-blank-line"]
+
+
+def check_contract(events):
+    """The ordering contract of k3.ir, checked event by event."""
+    assert isinstance(events[-1], Finish) and not any(isinstance(e, Finish) for e in events[:-1])
+    reasoning: list[str] | None = None
+    call: ToolCallStart | None = None
+    args: list[str] = []
+    for event in events:
+        if call is not None:
+            assert isinstance(event, ToolCallDelta | ToolCallEnd), f"{event} inside call {call}"
+            assert event.index == call.index
+            if isinstance(event, ToolCallDelta):
+                args.append(event.text)
+            else:
+                assert (event.id, event.name, event.arguments) == (call.id, call.name, "".join(args))
+                call, args = None, []
+            continue
+        if isinstance(event, ReasoningDelta):
+            reasoning = (reasoning or []) + [event.text]
+        elif isinstance(event, ReasoningEnd):
+            assert reasoning is not None and event.text == "".join(reasoning)
+            reasoning = None
+        else:
+            assert reasoning is None, f"{event} before the reasoning segment closed"
+            if isinstance(event, ToolCallStart):
+                assert event.name
+                call = event
+            else:
+                assert isinstance(event, TextDelta | Finish), event
+    assert call is None
+
+
+def test_any_chunk_sequence_keeps_the_event_contract_or_fails_as_502():
+    text = st.text(max_size=4)
+    fragment = st.fixed_dictionaries(
+        {},
+        optional={
+            "index": st.integers(0, 2),
+            "id": st.sampled_from(["a", "b", ""]),
+            "function": st.fixed_dictionaries(
+                {}, optional={"name": st.sampled_from(["f", "g", "", "f"]), "arguments": text}
+            ),
+        },
+    )
+    delta = st.fixed_dictionaries(
+        {},
+        optional={
+            "content": text,
+            "reasoning_content": text,
+            "reasoning": text,
+            "tool_calls": st.lists(fragment, max_size=2),
+        },
+    )
+    chunk_ = st.builds(
+        lambda d, f, u: {
+            "choices": [{"index": 0, "delta": d, "finish_reason": f}],
+            **({"usage": u} if u else {}),
+        },
+        delta,
+        st.sampled_from([None, None, "stop", "length", "tool_calls"]),
+        st.sampled_from([None, {"prompt_tokens": 3, "completion_tokens": 2}]),
+    )
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(chunk_, max_size=8))
+    def run_(chunks):
+        try:
+            events = run(chunks)
+        except ProxyError as err:
+            assert err.status == 502
+            return
+        check_contract(events)
+
+    run_()
