@@ -64,8 +64,16 @@ def bench_kernels(session: nox.Session) -> None:
 
 @nox.session(name="bench-proxy", python=PYTHON)
 def bench_proxy(session: nox.Session) -> None:
-    """Latency k3 adds per request and per event, for each dialect."""
-    not_implemented(session, "the proxy runner", ISSUES["runners"])
+    """Latency k3 adds per request and per event, for each dialect (args go to the runner)."""
+    install(session)
+    session.run("python", "-m", "runners", "proxy", *session.posargs)
+
+
+@nox.session(name="proxy-gate", python=PYTHON)
+def proxy_gate(session: nox.Session) -> None:
+    """CI gate: a short proxy measurement compared with the committed receipts; fails on a regression."""
+    install(session)
+    session.run("python", "-m", "runners", "proxy-gate", *session.posargs)
 
 
 @nox.session(python=PYTHON)

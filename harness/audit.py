@@ -166,25 +166,11 @@ def marker_value(spec: str, results_dir: Path) -> float:
     if not field:
         raise ValueError("expected PATH#FIELD")
     field, _, scale = field.partition("*")
-    path = _resolve_target(target.strip(), results_dir)
+    path = report.find_receipt(target.strip(), results_dir)
     value = resolve_field(load_receipt(path), field.strip())
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise ValueError(f"field '{field}' is not a number")
     return value * float(scale) if scale else value
-
-
-def _resolve_target(target: str, results_dir: Path) -> Path:
-    if not target.startswith("latest:"):
-        path = results_dir / target
-        if not path.exists():
-            raise FileNotFoundError(f"no receipt {target}")
-        return path
-    suite, hardware_id, name = target[len("latest:") :].split("/", 2)
-    frame = report.load_frame(results_dir)
-    rows = frame[(frame.suite == suite) & (frame.hardware_id == hardware_id) & (frame.name == name)]
-    if rows.empty:
-        raise FileNotFoundError(f"no receipt named '{name}' for {suite} on {hardware_id}")
-    return results_dir / report.newest(rows).iloc[0]["path"]
 
 
 def sync_document(doc: Path, results_dir: Path) -> int:

@@ -78,8 +78,8 @@ def sync_docs(docs: tuple[Path, ...], results: Path) -> None:
 
 
 @main.command()
-@click.argument("base", type=click.Path(path_type=Path, exists=True, dir_okay=False))
-@click.argument("new", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.argument("base")
+@click.argument("new")
 @click.option(
     "--metric", required=True, help="Dotted field, e.g. summary.overhead_ms.median or derived.ratio."
 )
@@ -87,25 +87,46 @@ def sync_docs(docs: tuple[Path, ...], results: Path) -> None:
     "--max-regression", "max_regression", type=float, required=True, help="Allowed regression in percent."
 )
 @click.option("--higher-is-better/--lower-is-better", default=False, show_default=True)
-def compare(base: Path, new: Path, metric: str, max_regression: float, higher_is_better: bool) -> None:
-    """Compare one metric of two receipts; exit 1 when NEW regresses on BASE by more than the allowance."""
+@click.option(
+    "--results",
+    type=click.Path(path_type=Path),
+    default=REPO_ROOT / "results",
+    show_default=True,
+    help="Where `latest:` receipts are looked up.",
+)
+def compare(
+    base: str, new: str, metric: str, max_regression: float, higher_is_better: bool, results: Path
+) -> None:
+    """Compare one metric of two receipts; exit 1 when NEW regresses on BASE by more than the allowance.
+
+    BASE and NEW are receipt files, or `latest:SUITE/HARDWARE_ID/NAME` (newest receipt of that name in --results).
+    """
     from harness.receipt import load_receipt, resolve_field
+    from harness.report import find_receipt
+
+    def locate(spec: str) -> Path:
+        return find_receipt(spec, results) if spec.startswith("latest:") else Path(spec)
 
     try:
-        old_value = float(resolve_field(load_receipt(base), metric))
-        new_value = float(resolve_field(load_receipt(new), metric))
-    except (KeyError, TypeError, ValueError) as exc:
+        old_value = float(resolve_field(load_receipt(locate(base)), metric))
+        new_value = float(resolve_field(load_receipt(locate(new)), metric))
+    except (KeyError, TypeError, ValueError, FileNotFoundError) as exc:
         raise click.ClickException(str(exc)) from None
     if old_value == 0:
         raise click.ClickException(f"{metric} is 0 in {base}: no ratio can be formed")
-    ratio = new_value / old_value
-    regression = (1 - ratio if higher_is_better else ratio - 1) * 100
+    ratio, regression = regression_pct(old_value, new_value, higher_is_better)
     click.echo(
         f"{metric}: base {old_value:.6g}, new {new_value:.6g}, ratio {ratio:.4f} ({regression:+.1f}% regression)"
     )
     if regression > max_regression:
         click.echo(f"regression of {regression:.1f}% exceeds the allowed {max_regression}%", err=True)
         sys.exit(1)
+
+
+def regression_pct(old: float, new: float, higher_is_better: bool) -> tuple[float, float]:
+    """(new/old, how many percent worse new is; negative when better)."""
+    ratio = new / old
+    return ratio, (1 - ratio if higher_is_better else ratio - 1) * 100
 
 
 @main.command()

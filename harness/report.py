@@ -63,6 +63,25 @@ def newest(frame: pd.DataFrame) -> pd.DataFrame:
     return ordered.groupby(["suite", "name", "hardware_id"], sort=True).tail(1).reset_index(drop=True)
 
 
+def find_receipt(target: str, results_dir: Path | None = None) -> Path:
+    """A receipt path relative to results/, or `latest:SUITE/HARDWARE_ID/NAME` for the newest of that name."""
+    root = Path(results_dir or RESULTS_DIR)
+    if not target.startswith("latest:"):
+        path = root / target
+        if not path.exists():
+            raise FileNotFoundError(f"no receipt {target}")
+        return path
+    try:
+        suite, hardware_id, name = target[len("latest:") :].split("/", 2)
+    except ValueError:
+        raise ValueError(f"expected latest:SUITE/HARDWARE_ID/NAME, got {target!r}") from None
+    frame = load_frame(root)
+    rows = frame[(frame.suite == suite) & (frame.hardware_id == hardware_id) & (frame.name == name)]
+    if rows.empty:
+        raise FileNotFoundError(f"no receipt named '{name}' for {suite} on {hardware_id}")
+    return root / newest(rows).iloc[0]["path"]
+
+
 def fmt(value: float) -> str:
     """Four significant digits, thousands separated, never scientific notation for ordinary values."""
     if value != value:  # NaN

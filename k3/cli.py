@@ -158,7 +158,9 @@ def serve(
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio only disables Nagle on sockets whose proto says TCP, and with
+    # Nagle on, every keep-alive response waits ~40 ms for the client's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

@@ -15,3 +15,8 @@ def main() -> None:
 from runners.decode import decode_command  # noqa: E402
 
 main.add_command(decode_command)
+
+from runners.proxy import proxy_command, proxy_gate_command  # noqa: E402
+
+main.add_command(proxy_command)
+main.add_command(proxy_gate_command)

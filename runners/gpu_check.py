@@ -197,9 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("gpu_check needs an NVIDIA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
-    from harness.receipt import write_receipt
-
     from engine.kernels.equivalence import check, check_all
+    from harness.receipt import write_receipt
 
     device = torch.device("cuda")
     props = torch.cuda.get_device_properties(device)

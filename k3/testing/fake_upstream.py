@@ -283,7 +283,7 @@ class FakeUpstream:
 @contextmanager
 def serve_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
     """Serve an ASGI app with uvicorn in a daemon thread on an ephemeral port; yields `http://host:port/v1`."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # see k3/cli.py: Nagle
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]

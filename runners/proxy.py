@@ -1,0 +1,298 @@
+"""`python -m runners proxy`: the latency k3 adds, per request and per streamed event, and its footprint.
+
+Three measurements, each interleaved against the same scripted engine in the same run (method in
+docs/METHODS.md):
+- `asgi`: `k3.bench.measure` — in-process ASGI, no sockets: the cost of k3's own code per request.
+- `sockets`: k3 as a real `k3 serve` subprocess over loopback TCP, the engine on its own port; the same
+  request direct and through k3, per dialect, JSON and streaming; plus the cost per streamed event
+  (a long stream against a one-event stream) and the proxy's resident memory.
+- `concurrency`: N simultaneous streams through k3 over sockets: events per second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+import httpx
+import orjson
+import psutil
+
+from harness.hardware import REPO_ROOT
+from harness.receipt import RESULTS_DIR, write_receipt
+from k3.app import create_app
+from k3.bench import DIALECTS, ROUTES, client_request
+from k3.bench import measure as measure_asgi
+from k3.config import Config
+from k3.testing.fake_upstream import FakeUpstream
+from runners.regenerate import regenerate
+
+LONG_PROMPT = "a" * 1600  # echoed back 8 characters a chunk: about 200 events
+
+
+@contextmanager
+def server_process(cmd: list[str], announces: str):
+    """A server subprocess that prints `<announces> http://...`; yields (its URL, psutil.Process)."""
+    with tempfile.TemporaryFile("w+") as log:
+        # Output goes to a file, not a pipe: an undrained pipe could block the server mid-benchmark.
+        env = os.environ | {"PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + 30
+            while not (match := re.search(re.escape(announces) + r" (http://\S+)", _read(log))):
+                if proc.poll() is not None:
+                    raise click.ClickException(
+                        f"{cmd[2]} exited early (code {proc.returncode}):\n{_read(log)}"
+                    )
+                if time.monotonic() > deadline:
+                    raise click.ClickException(f"{cmd[2]} did not report its address within 30 s")
+                time.sleep(0.05)
+            yield match.group(1).rstrip("/"), psutil.Process(proc.pid)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _sockets_and_concurrency(
+    wanted, k3_base, engine_base, k3_proc, iterations, warmup, streams, receipt
+) -> None:
+    if "sockets" in wanted:
+        cases = [(d, s) for d in DIALECTS for s in (False, True)]
+        with click.progressbar(cases, label="loopback sockets") as bar:
+            for dialect, stream in bar:
+                samples = asyncio.run(
+                    _paired(k3_base, engine_base, dialect, stream, None, iterations, warmup)
+                )
+                derived = {"added_median_us": statistics.median(samples["added_ms"]) * 1e3}
+                if stream:
+                    # Per event: the extra added time of a long stream over a short one, per extra event.
+                    long = asyncio.run(
+                        _paired(k3_base, engine_base, dialect, True, LONG_PROMPT, iterations // 3, warmup)
+                    )
+                    extra_events = statistics.median(long["events"]) - statistics.median(samples["events"])
+                    extra_ms = statistics.median(long["added_ms"]) - statistics.median(samples["added_ms"])
+                    derived["added_us_per_event"] = extra_ms * 1e3 / extra_events
+                samples.pop("events")
+                receipt(
+                    f"sockets.{dialect}.{'stream' if stream else 'json'}", samples, derived,
+                    {"mode": "sockets", "dialect": dialect, "stream": stream, "long_prompt_chars": len(LONG_PROMPT)},
+                    "k3 serve and the scripted engine as separate processes on loopback TCP; per-event cost "
+                    "from a long stream against a short one",
+                )  # fmt: skip
+    if "concurrency" in wanted:
+        click.echo(f"{streams} concurrent streams ...", err=True)
+        rates = asyncio.run(_concurrent(k3_base, streams, rounds=max(3, iterations // 50)))
+        rss = k3_proc.memory_info().rss / (1 << 20)
+        receipt(
+            f"concurrency.anthropic.stream.x{streams}", {"events_per_s": rates, "rss_mib": [rss]}, {},
+            {"mode": "concurrency", "streams": streams, "long_prompt_chars": len(LONG_PROMPT)},
+            "events/s through k3 with simultaneous streams; RSS of the k3 process after the run",
+        )  # fmt: skip
+
+
+def _read(log) -> str:
+    log.seek(0)
+    return log.read()
+
+
+async def _post(client: httpx.AsyncClient, url: str, body: bytes) -> tuple[float, int]:
+    """Seconds for one request, whole body read; and how many SSE events came back."""
+    start = time.perf_counter()
+    response = await client.post(url, content=body, headers={"content-type": "application/json"})
+    data = await response.aread()
+    elapsed = time.perf_counter() - start
+    if response.status_code != 200:
+        raise click.ClickException(f"POST {url} answered {response.status_code}: {data[:200]!r}")
+    return elapsed, data.count(b"\n\n")
+
+
+def _request(dialect: str, stream: bool, prompt: str | None = None) -> dict:
+    """The benchmark turn; a long prompt makes a long stream (the engine echoes it, 8 characters a chunk)."""
+    body = client_request(dialect, stream)
+    if prompt is not None:
+        if dialect == "responses":
+            body["input"] = prompt
+        else:
+            body["messages"][0]["content"] = prompt
+    return body
+
+
+async def _engine_payload(body: dict, route: str) -> dict:
+    """Exactly what k3 sends upstream for this turn, captured once from an in-process k3 and engine."""
+    engine = FakeUpstream()
+    app = create_app(Config(upstream="http://engine/v1"), upstream_transport=httpx.ASGITransport(engine))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://k3") as client:
+        response = await client.post(route, content=orjson.dumps(body))
+    await app.state.k3.upstream.aclose()
+    if response.status_code != 200 or not engine.requests:
+        raise click.ClickException(f"k3 did not translate the benchmark turn: {response.text[:200]}")
+    return engine.requests[-1]
+
+
+async def _paired(k3_base: str, engine_base: str, dialect: str, stream: bool, prompt: str | None,
+                  iterations: int, warmup: int) -> dict[str, list[float]]:  # fmt: skip
+    """Interleaved direct/proxied timings of one (dialect, stream, prompt) case over loopback sockets."""
+    body = _request(dialect, stream, prompt)
+    client_body = orjson.dumps(body)
+    engine_body = orjson.dumps(await _engine_payload(body, ROUTES[dialect]))
+    async with httpx.AsyncClient(timeout=30) as client:
+        direct_url, proxied_url = f"{engine_base}/chat/completions", f"{k3_base}{ROUTES[dialect]}"
+        samples: dict[str, list[float]] = {"direct_ms": [], "proxied_ms": [], "added_ms": [], "events": []}
+        for i in range(warmup + iterations):
+            order = [(direct_url, engine_body), (proxied_url, client_body)]
+            if i % 2:
+                order.reverse()  # alternate so drift hits both paths alike
+            timings = {url: await _post(client, url, payload) for url, payload in order}
+            if i >= warmup:
+                direct, (proxied, events) = timings[direct_url][0], timings[proxied_url]
+                samples["direct_ms"].append(direct * 1e3)
+                samples["proxied_ms"].append(proxied * 1e3)
+                samples["added_ms"].append((proxied - direct) * 1e3)
+                samples["events"].append(events)
+    return samples
+
+
+async def _concurrent(k3_base: str, streams: int, rounds: int) -> list[float]:
+    """Events per second with `streams` simultaneous long streams through k3, one sample per round."""
+    body = orjson.dumps(_request("anthropic", True, LONG_PROMPT))
+    rates = []
+    limits = httpx.Limits(max_connections=streams)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        for _ in range(rounds + 1):
+            start = time.perf_counter()
+            results = await asyncio.gather(
+                *[_post(client, f"{k3_base}/v1/messages", body) for _ in range(streams)]
+            )
+            elapsed = time.perf_counter() - start
+            rates.append(sum(events for _, events in results) / elapsed)
+    return rates[1:]  # the first round warms connections up
+
+
+UNITS = {"direct_ms": "ms", "proxied_ms": "ms", "added_ms": "ms", "events": "events", "rss_mib": "MiB",
+         "events_per_s": "events/s", "added_us_per_event": "µs", "added_median_us": "µs"}  # fmt: skip
+
+
+@click.command("proxy")
+@click.option(
+    "--iterations",
+    type=click.IntRange(2),
+    default=300,
+    show_default=True,
+    help="Timed requests per path and case.",
+)
+@click.option("--warmup", type=click.IntRange(0), default=30, show_default=True)
+@click.option(
+    "--streams",
+    type=click.IntRange(1),
+    default=8,
+    show_default=True,
+    help="Simultaneous streams for the concurrency measurement.",
+)
+@click.option("--modes", default="asgi,sockets,concurrency", show_default=True)
+@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
+@click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
+def proxy_command(iterations, warmup, streams, modes, results, no_regenerate) -> None:  # fmt: skip
+    """Latency k3 adds per request and per event, for each dialect, JSON and streaming, as receipts."""
+    wanted = {m.strip() for m in modes.split(",") if m.strip()}
+    unknown = wanted - {"asgi", "sockets", "concurrency"}
+    if unknown:
+        raise click.BadParameter(f"unknown mode(s): {', '.join(sorted(unknown))}", param_hint="--modes")
+    config = {"iterations": iterations, "warmup": warmup}
+    written = []
+
+    def receipt(name: str, samples: dict, derived: dict, extra: dict, notes: str) -> None:
+        written.append(write_receipt(
+            "proxy", name, config=config | extra, samples=samples,
+            units={k: UNITS[k] for k in [*samples, *derived]}, derived=derived, notes=notes, results_dir=results,
+        ))  # fmt: skip
+
+    if "asgi" in wanted:
+        click.echo("in-process ASGI ...", err=True)
+        for s in measure_asgi(iterations=iterations, warmup=warmup):
+            added = [(p - d) * 1e3 for p, d in zip(s.proxied_s, s.direct_s, strict=True)]
+            receipt(
+                f"asgi.{s.dialect}.{'stream' if s.stream else 'json'}",
+                {"direct_ms": [d * 1e3 for d in s.direct_s], "proxied_ms": [p * 1e3 for p in s.proxied_s],
+                 "added_ms": added},
+                {"added_median_us": statistics.median(added) * 1e3},
+                {"mode": "asgi", "dialect": s.dialect, "stream": s.stream},
+                "in-process ASGI transports, no sockets; added = proxied − direct per interleaved pair",
+            )  # fmt: skip
+    if wanted & {"sockets", "concurrency"}:
+        engine_cmd = [sys.executable, "-m", "runners.engine_process"]
+        with server_process(engine_cmd, "engine listening on") as (engine_base, _):
+            k3_cmd = [sys.executable, "-m", "k3", "serve", "--upstream", engine_base, "--port", "0",
+                      "--log-level", "warning"]  # fmt: skip
+            with server_process(k3_cmd, "k3 listening on") as (k3_base, k3_proc):
+                _sockets_and_concurrency(
+                    wanted, k3_base, engine_base, k3_proc, iterations, warmup, streams, receipt
+                )
+    for path in written:
+        click.echo(f"wrote {path}")
+    if not no_regenerate:
+        regenerate(results)
+
+
+GATED = ("asgi.anthropic.json", "asgi.anthropic.stream", "asgi.responses.stream", "sockets.anthropic.json")
+
+
+@click.command("proxy-gate")
+@click.option(
+    "--max-regression",
+    type=float,
+    default=100.0,
+    show_default=True,
+    help="Allowed growth of the median added latency, in percent (see docs/METHODS.md for why).",
+)
+@click.option("--iterations", type=click.IntRange(2), default=300, show_default=True)
+@click.option(
+    "--results",
+    type=click.Path(path_type=Path),
+    default=RESULTS_DIR,
+    show_default=True,
+    help="Where the committed baseline receipts are.",
+)
+def proxy_gate_command(max_regression, iterations, results) -> None:  # fmt: skip
+    """CI gate: measure k3's added latency briefly and fail if it regressed against the committed receipts."""
+    from harness.cli import regression_pct
+    from harness.hardware import describe
+    from harness.receipt import load_receipt
+    from harness.report import find_receipt
+
+    hardware_id = describe()["hardware_id"]
+    baselines = {}
+    for name in GATED:
+        try:
+            baselines[name] = load_receipt(find_receipt(f"latest:proxy/{hardware_id}/{name}", results))
+        except FileNotFoundError:
+            pass
+    if not baselines:
+        click.echo(f"proxy gate: no committed proxy receipts for {hardware_id}; nothing to compare against")
+        return
+    with tempfile.TemporaryDirectory() as scratch:
+        ctx = click.get_current_context()
+        ctx.invoke(proxy_command, iterations=iterations, warmup=30, streams=2, modes="asgi,sockets",
+                   results=Path(scratch), no_regenerate=True)  # fmt: skip
+        fresh = {r["name"]: r for r in map(load_receipt, Path(scratch).glob("proxy/*/*.json"))}
+    failed = []
+    for name, base in baselines.items():
+        old, new = base["derived"]["added_median_us"], fresh[name]["derived"]["added_median_us"]
+        ratio, regression = regression_pct(old, new, higher_is_better=False)
+        verdict = "REGRESSED" if regression > max_regression else "ok"
+        click.echo(f"{name}: baseline {old:.1f} µs, now {new:.1f} µs, ratio {ratio:.2f} — {verdict}")
+        if regression > max_regression:
+            failed.append(name)
+    if failed:
+        raise click.ClickException(f"proxy overhead regressed beyond {max_regression}%: {', '.join(failed)}")

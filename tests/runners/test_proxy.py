@@ -1,0 +1,31 @@
+from click.testing import CliRunner
+
+from harness.receipt import load_receipt, receipt_paths
+from runners.cli import main
+
+
+def test_proxy_runner_writes_receipts_for_every_mode(tmp_path):
+    result = CliRunner().invoke(
+        main,
+        ["proxy", "--iterations", "6", "--warmup", "1", "--streams", "2", "--results", str(tmp_path),
+         "--no-regenerate"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    receipts = {r["name"]: r for r in map(load_receipt, receipt_paths(tmp_path))}
+    for mode in ("asgi", "sockets"):
+        for dialect in ("anthropic", "chat", "responses"):
+            for kind in ("json", "stream"):
+                r = receipts.pop(f"{mode}.{dialect}.{kind}")
+                assert len(r["samples"]["added_ms"]) == len(r["samples"]["direct_ms"]) > 0
+                assert all(d > 0 for d in r["samples"]["direct_ms"])
+                if mode == "sockets" and kind == "stream":
+                    assert "added_us_per_event" in r["derived"]
+    (concurrency,) = receipts.values()
+    assert concurrency["config"]["streams"] == 2
+    assert concurrency["summary"]["rss_mib"]["median"] > 10
+    assert all(rate > 0 for rate in concurrency["samples"]["events_per_s"])
+
+
+def test_unknown_mode_is_refused(tmp_path):
+    result = CliRunner().invoke(main, ["proxy", "--modes", "asgi,carrier-pigeon", "--results", str(tmp_path)])
+    assert result.exit_code == 2 and "carrier-pigeon" in result.output
