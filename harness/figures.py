@@ -167,6 +167,7 @@ FIGURES: list[Figure] = [
     Figure("harness_selfcheck", suite_medians("harness", "encode_us"), draw_bars),
     Figure("decode_throughput", decode_throughput, draw_decode),
     Figure("memory_headroom", memory_headroom, draw_headroom),
+    Figure("proxy_overhead", suite_medians("proxy", "added_ms"), draw_bars),
 ]
 
 
