@@ -13,7 +13,10 @@ A marker follows the number it backs, on the same line:
     113.8 tok/s <!-- receipt: decode/NVIDIA-H200/20261129T...-x.json#summary.tok_s.median -->
 The path is relative to results/; `latest:SUITE/HARDWARE_ID/NAME` picks the newest receipt of that name.
 `*100` after the field scales it (a fraction shown as a percentage). A number quoted from someone else's
-work is marked `<!-- cited: where it comes from -->` instead.
+work is marked `<!-- cited: where it comes from -->` instead, and one that is arithmetic rather than a
+measurement (a tensor's size from its shape, pinned by a test) `<!-- computed: how -->`.
+Speeds and times (tok/s, GB/s, ms, µs, "x faster") always look measured; sizes, percentages and ratios
+(GiB, MB, %, 1.5×) look measured on a line that speaks of hardware or speed (GPU, decode, bandwidth ...).
 """
 
 from __future__ import annotations
@@ -26,10 +29,17 @@ from pathlib import Path
 from harness import figures, report
 from harness.receipt import ReceiptError, load_receipt, receipt_paths, resolve_field
 
-MARKER = re.compile(r"<!--\s*(receipt|cited):\s*(.*?)\s*-->")
+MARKER = re.compile(r"<!--\s*(receipt|cited|computed):\s*(.*?)\s*-->")
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?")
-MEASURED = re.compile(
-    r"(?<![\w.])(\d[\d,]*(?:\.\d+)?)\s*(tok/s|tokens/s|ms\b|µs|us\b|GB/s|GiB/s|TB/s|GiB\b|GB\b|MiB\b|MB\b|%|×|x faster)"
+_VALUE = r"(?<![\w.])(\d[\d,]*(?:\.\d+)?)"
+# Speeds and times always read as measurements ...
+SPEED = re.compile(_VALUE + r"\s*(tok/s|tokens/s|ms\b|µs|us\b|GB/s|GiB/s|TB/s|x faster|× faster)")
+# ... sizes, percentages and ratios only on a line that speaks of hardware or speed.
+AMOUNT = re.compile(_VALUE + r"(\s*(GiB|GB|MiB|MB)\b|\s*%|×)")
+HARDWARE_OR_SPEED = re.compile(
+    r"\b(H100|H200|L40S|A100|GPU|CPU|decode|prefill|throughput|bandwidth|latency|roofline|faster|slower|"
+    r"speed|peak|overhead|measured|tok/s)",
+    re.IGNORECASE,
 )
 CODE_SPAN = re.compile(r"`[^`]*`")
 DOC_GLOBS = ("README.md", "docs/*.md")
@@ -129,7 +139,7 @@ def _check_line(line: str, results_dir: Path, where: str) -> list[Finding]:
     for match in MARKER.finditer(line):
         segment = line[start : match.start()]
         start = match.end()
-        if match.group(1) == "cited":
+        if match.group(1) != "receipt":
             continue
         numbers = NUMBER.findall(segment)
         if not numbers:
@@ -137,10 +147,16 @@ def _check_line(line: str, results_dir: Path, where: str) -> list[Finding]:
             continue
         findings += _check_number(numbers[-1], match.group(2), results_dir, where)
         # Other measured-looking numbers in the same segment are not covered by this marker.
-        for unbacked in MEASURED.finditer(segment[: segment.rfind(numbers[-1])]):
-            findings.append(_unbacked(unbacked, where))
-    findings += [_unbacked(m, where) for m in MEASURED.finditer(line[start:])]
+        findings += _measured_looking(segment[: segment.rfind(numbers[-1])], line, where)
+    findings += _measured_looking(line[start:], line, where)
     return findings
+
+
+def _measured_looking(text: str, line: str, where: str) -> list[Finding]:
+    matches = list(SPEED.finditer(text))
+    if HARDWARE_OR_SPEED.search(line):
+        matches += AMOUNT.finditer(text)
+    return [_unbacked(m, where) for m in sorted(matches, key=lambda m: m.start())]
 
 
 def _unbacked(match: re.Match, where: str) -> Finding:

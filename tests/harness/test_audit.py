@@ -116,6 +116,17 @@ def test_unbacked_measured_numbers(project):
     assert {f.where for f in findings} == {"docs/CLAIMS.md:1", "docs/CLAIMS.md:2"}
 
 
+def test_sizes_and_ratios_look_measured_only_next_to_hardware_or_speed_words(project):
+    root, _ = project
+    (root / "docs" / "SIZES.md").write_text(
+        "Shards hold at most 4 GiB each and the plan keeps 2% of tensors.\n"  # not a claim
+        "Decode reads 2.4 GB per token, 1.5× less than before.\n"  # two claims
+        "The H200 has 141 GB <!-- cited: vendor sheet --> and the state is 40 MiB <!-- computed: shapes -->.\n"
+    )
+    findings = run_audit(root)
+    assert [(f.kind, f.where) for f in findings] == [("unbacked", "docs/SIZES.md:2")] * 2
+
+
 def test_a_marker_backs_only_its_own_number(project):
     root, path = project
     rel = path.relative_to(root / "results").as_posix()
