@@ -53,6 +53,8 @@ def write(results: list[Result], k3_repo: Path, timeout: float, results_dir: Pat
             "streamed": r.case.scenario.streams(r.case.client),
             "passed": r.passed,
             "problem": r.problem or "",
+            "traffic": r.traffic,
+            "engine": r.engine,
         }
         for r in results
     }
@@ -152,12 +154,18 @@ def render(results_dir: Path | None = None) -> str:
                 }
             )
         root = Path(results_dir or RESULTS_DIR)
+        traffic: dict[str, dict[str, set[str]]] = {}
+        for case in receipt["config"]["cases"].values():
+            seen = traffic.setdefault(case["title"], {"k3": set(), "engine": set()})
+            seen["k3"].update(case["traffic"])
+            seen["engine"].update(case["engine"])
         run = {
             "path": path.relative_to(root).as_posix(),
             "created": receipt["created"],
             "k3_commit": receipt["config"]["k3"]["commit"],
             "hardware_id": receipt["hardware"]["hardware_id"],
             "rows": rows,
+            "traffic": {title: {k: sorted(v) for k, v in seen.items()} for title, seen in traffic.items()},
             "passed": int(receipt["derived"]["passed"]),
             "total": int(receipt["derived"]["cases"]),
         }

@@ -414,6 +414,8 @@ class Result:
     seconds: float
     problem: str | None = None
     details: list[str] = field(default_factory=list)  # evidence lines for the report
+    traffic: list[str] = field(default_factory=list)  # every request the client made to k3, with k3's status
+    engine: list[str] = field(default_factory=list)  # the kind of every request k3 made to the engine
 
     def headline(self) -> str:
         c = self.case

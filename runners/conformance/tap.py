@@ -20,6 +20,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 _HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
+_OWN_HEADERS = {"date", "server"}  # the tap's server sets its own
 _ERROR_KEEP = 2000  # characters of an error body kept for the report
 
 
@@ -121,7 +122,9 @@ class Tap:
             if error:
                 hit.error_body = b"".join(error)[:_ERROR_KEEP].decode("utf-8", "replace")
 
-        out_headers = {k: v for k, v in response.headers.items() if k.lower() not in _HOP_HEADERS}
+        out_headers = {
+            k: v for k, v in response.headers.items() if k.lower() not in _HOP_HEADERS | _OWN_HEADERS
+        }
         return StreamingResponse(
             body(), status_code=response.status_code, headers=out_headers, background=BackgroundTask(done)
         )
