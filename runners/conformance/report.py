@@ -17,7 +17,7 @@ from harness.hardware import REPO_ROOT
 from harness.receipt import RESULTS_DIR, load_receipt, receipt_paths, write_receipt
 from runners.conformance.clients import CLIENTS, ENGINE_MODEL, Request
 from runners.conformance.install import PINS
-from runners.conformance.scenarios import MATRIX, Result
+from runners.conformance.scenarios import CASES, MATRIX, Result
 
 SUITE = "conformance"
 NAME = "clients"
@@ -133,8 +133,9 @@ def _quote(arg: str) -> str:
     )
 
 
-def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+def _code(text: str) -> str:
+    """A Markdown code span, so spaces and quotes in the evidence survive rendering."""
+    return "`` " + text.replace("\n", " ") + " ``"
 
 
 def render(results_dir: Path | None = None) -> str:
@@ -143,19 +144,23 @@ def render(results_dir: Path | None = None) -> str:
     if newest is not None:
         path, receipt = newest
         rows = []
-        for key, case in receipt["config"]["cases"].items():
+        order = {case.key: i for i, case in enumerate(CASES)}
+        cases = sorted(
+            receipt["config"]["cases"].items(), key=lambda item: (order.get(item[0], len(order)), item[0])
+        )
+        for key, case in cases:
             version = receipt["config"]["clients"][CLIENTS[case["client"]].pin]["version"]
             rows.append(
                 case
                 | {
                     "version": version,
                     "seconds": f"{receipt['samples'][key][0]:.1f}",
-                    "problem": _cell(case["problem"]),
+                    "problem": _code(case["problem"]),
                 }
             )
         root = Path(results_dir or RESULTS_DIR)
         traffic: dict[str, dict[str, set[str]]] = {}
-        for case in receipt["config"]["cases"].values():
+        for _, case in cases:
             seen = traffic.setdefault(case["title"], {"k3": set(), "engine": set()})
             seen["k3"].update(case["traffic"])
             seen["engine"].update(case["engine"])
