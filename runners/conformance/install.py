@@ -104,6 +104,7 @@ def _install_npm(directory: Path, pins: dict[str, str]) -> None:
     manifest = {"name": "k3-conformance-clients", "private": True, "dependencies": pins}
     (directory / "package.json").write_text(json.dumps(manifest, indent=2) + "\n")
     what = f"npm install {' '.join(f'{k}@{v}' for k, v in pins.items())} from {NPM_REGISTRY}"
+    # Install scripts must run: Claude Code's links its platform package's binary into place.
     _run([npm, "install", "--no-audit", "--no-fund", "--registry", NPM_REGISTRY], directory, what)
 
 
@@ -113,6 +114,27 @@ def _install_venv(directory: Path, pins: dict[str, str]) -> None:
     requirements = [f"{k}=={v}" for k, v in pins.items()]
     pip = [str(directory / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     _run(pip + requirements, directory, f"pip install {' '.join(requirements)} from PyPI")
+
+
+def _verify(installed: Installed, group: str) -> None:
+    """Each pinned program runs and reports its pinned version (a package can install and not run)."""
+    for name, pin in PINS.items():
+        if pin.group != group:
+            continue
+        if pin.group == "npm":
+            argv = [str(installed.program(name)), "--version"]
+        else:
+            code = f"import importlib.metadata as m; print(m.version({pin.package!r}))"
+            argv = [str(installed.python(group)), "-c", code]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+            said = (done.stdout + done.stderr).strip()
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            said = f"{type(exc).__name__}: {exc}"
+        if pin.version not in said:
+            raise InstallError(
+                f"{pin.package}@{pin.version} installed but does not run as expected: {said[-500:]}"
+            )
 
 
 INSTALLERS = {"npm": _install_npm, "aider": _install_venv, "sdk": _install_venv}
@@ -151,6 +173,7 @@ def ensure(pins: list[str] | None = None, cache: Path = CACHE, log=print) -> Ins
             started = time.perf_counter()
             (directory / STAMP).unlink(missing_ok=True)
             INSTALLERS[group](directory, wanted["pins"])
+            _verify(installed, group)
             (directory / STAMP).write_text(json.dumps(wanted, indent=2) + "\n")
             log(f"installed {group} in {time.perf_counter() - started:.0f} s")
     return installed

@@ -23,6 +23,7 @@ def fake_installers(monkeypatch):
                     path.write_text("")
 
     monkeypatch.setattr(install, "INSTALLERS", {"npm": fake, "aider": fake, "sdk": fake})
+    monkeypatch.setattr(install, "_verify", lambda installed, group: None)
     return calls
 
 
@@ -58,3 +59,15 @@ def test_a_failed_install_says_what_and_shows_the_tail(tmp_path):
     failing = [sys.executable, "-c", "import sys; print('npm error code ENOTFOUND registry'); sys.exit(3)"]
     with pytest.raises(install.InstallError, match=r"(?s)npm install x failed \(exit 3\).*ENOTFOUND"):
         install._run(failing, tmp_path, "npm install x")
+
+
+def test_an_install_that_does_not_run_its_pinned_version_is_an_error(tmp_path):
+    installed = install.Installed(tmp_path)
+    for name in ("claude-code", "codex", "opencode"):
+        program = installed.program(name)
+        program.parent.mkdir(parents=True, exist_ok=True)
+        version = install.PINS[name].version if name != "opencode" else "0.0.0"
+        program.write_text(f"#!/bin/sh\necho {version}\n")
+        program.chmod(0o755)
+    with pytest.raises(install.InstallError, match=r"opencode-ai@.* does not run as expected: 0\.0\.0"):
+        install._verify(installed, "npm")
