@@ -60,8 +60,13 @@ def _write_files(setup: Setup, home: Path, work: Path) -> None:
 
 
 class Driver:
-    def __init__(self, installed: Installed, k3_repo: Path = REPO_ROOT, log_dir: Path | None = None,
-                 timeout: float = CLIENT_TIMEOUT_S):  # fmt: skip
+    def __init__(
+        self,
+        installed: Installed,
+        k3_repo: Path = REPO_ROOT,
+        log_dir: Path | None = None,
+        timeout: float = CLIENT_TIMEOUT_S,
+    ):
         self.installed = installed
         self.k3_repo = k3_repo
         self.timeout = timeout

@@ -345,7 +345,10 @@ class Case:
 PLAIN = Plain("plain", "a plain answer (streamed where the client streams)")
 STREAM = Plain("stream", "a streamed answer", stream=True)
 TOOLS = ToolRoundTrip("tool_round_trip", "the client runs its own shell tool and sends the result back")
-ERROR = EngineError("error", "an engine error shown as the client's own error message")
+ERROR = EngineError(
+    "error",
+    "an engine error (HTTP 500; 400 for clients that retry 5xx on their own) shown as the client's own error",
+)
 PATCH = ApplyPatch("apply_patch", "Codex's freeform apply_patch tool creates a file")
 EDIT = Edit("edit", "aider edits a file from the answer's text")
 
