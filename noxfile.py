@@ -3,6 +3,7 @@
 nox -s tests          the test suite (what CI runs)
 nox -s bench-decode   the main job: engine decode throughput, written as receipts
 nox -s audit          check that every number shown comes from a receipt
+nox -s conformance    real coding agents through k3 (receipt + docs/CLIENTS.md)
 """
 
 from __future__ import annotations
@@ -39,6 +40,17 @@ def tests(session: nox.Session) -> None:
     code = session.run("pytest", *args, success_codes=[0, 5])
     if code == 5:
         session.log("pytest collected no tests")
+
+
+@nox.session(python=PYTHON)
+def conformance(session: nox.Session) -> None:
+    """Real coding agents (Claude Code, Codex, opencode, aider, the SDKs) through k3: receipt + docs/CLIENTS.md.
+
+    Installs the pinned clients into .cache/clients/ on first use. Extra args go to
+    `python -m runners.conformance run` (e.g. -c codex -s tool_round_trip; --k3-repo PATH).
+    """
+    install(session)
+    session.run("python", "-m", "runners.conformance", "run", *session.posargs)
 
 
 @nox.session(python=PYTHON)

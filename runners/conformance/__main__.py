@@ -1,0 +1,3 @@
+from runners.conformance.cli import main
+
+main()

@@ -1,0 +1,138 @@
+"""The scripted engine: its text formats are what k3's parsers read, and it answers like an engine."""
+
+import httpx
+import orjson
+import pytest
+
+from k3.tools import Reasoning, Text, ThinkSplitter, ToolCall, make_parser, merge_events
+from runners.conformance.servers import serve_in_thread
+from runners.conformance.upstream import SIDE_ANSWER, Call, Reply, ScriptedUpstream
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "shell",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string"}},
+                "required": ["command"],
+            },
+        },
+    }
+]
+CALL = Call("shell", '{"command":  "cat marker.txt"}', id="call_x")
+
+
+def parse(parser, text: str, size: int = 5):
+    events = []
+    for i in range(0, len(text), size):
+        events += parser.feed(text[i : i + size])
+    return merge_events(events + parser.finish())
+
+
+@pytest.mark.parametrize("fmt", ["kimi_k3", "kimi", "hermes", "json"])
+def test_text_formats_parse_back_to_the_same_call_bytes(fmt):
+    text = "" if fmt == "json" else "Reading."
+    reply = Reply(text=text, calls=(CALL,), tool_format=fmt)
+    events = parse(make_parser(fmt, TOOLS), reply.content())
+    calls = [e for e in events if isinstance(e, ToolCall)]
+    assert [(c.name, c.arguments) for c in calls] == [("shell", CALL.arguments)]
+    assert [e.text for e in events if isinstance(e, Text)] == ([text] if text else [])
+    assert CALL.arguments in reply.content()
+
+
+def test_pythonic_format_carries_the_values():
+    reply = Reply(calls=(CALL,), tool_format="pythonic")
+    [call] = parse(make_parser("pythonic", TOOLS), reply.content())
+    assert orjson.loads(call.arguments) == orjson.loads(CALL.arguments)
+
+
+def test_kimi_k2_ids_and_native_ids_are_the_engines():
+    assert Reply(calls=(CALL,), tool_format="kimi").expected_call_id(0) == "functions.shell:0"
+    assert Reply(calls=(CALL,)).expected_call_id(0) == "call_x"
+    assert Reply(calls=(CALL,), tool_format="hermes").expected_call_id(0) is None
+
+
+def test_reasoning_in_the_text_vehicles():
+    k3 = Reply(text="Hi.", reasoning="R <1>", calls=(CALL,), tool_format="kimi_k3", reasoning_field="kimi_k3")
+    events = parse(make_parser("kimi_k3"), k3.content())
+    assert events[:2] == [Reasoning("R <1>"), Text("Hi.")]
+    think = Reply(text="Hi.", reasoning="R <1>", reasoning_field="think")
+    assert parse(ThinkSplitter(), think.content()) == [Reasoning("R <1>"), Text("Hi.")]
+    assert (
+        think.reasoning_key() is None
+        and Reply(reasoning="r", reasoning_field="reasoning").reasoning_key() == "reasoning"
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"tool_format": "nope"},
+        {"reasoning_field": "nope"},
+        {"reasoning_field": "kimi_k3"},
+        {"tool_format": "json", "text": "x", "calls": (CALL,)},
+    ],
+)
+def test_impossible_replies_are_refused(kwargs):
+    with pytest.raises(ValueError):
+        Reply(**kwargs)
+
+
+@pytest.fixture
+def engine():
+    upstream = ScriptedUpstream()
+    with serve_in_thread(upstream.app) as root, httpx.Client(base_url=root, timeout=10) as client:
+        yield upstream, client
+
+
+def sse(response) -> list[dict]:
+    frames = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    assert frames[-1] == "[DONE]"
+    return [orjson.loads(f) for f in frames[:-1]]
+
+
+def test_streamed_turn_has_reasoning_text_and_call_deltas(engine):
+    upstream, client = engine
+    upstream.play([Reply(text="Reading the file.", reasoning="Think first.", calls=(CALL,))])
+    body = {"model": "m", "messages": [], "stream": True, "stream_options": {"include_usage": True}}
+    chunks = sse(client.post("/v1/chat/completions", json=body))
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Think first."
+    assert "".join(d.get("content") or "" for d in deltas) == "Reading the file."
+    pieces = [t for d in deltas for t in d.get("tool_calls", [])]
+    assert pieces[0]["id"] == "call_x" and pieces[0]["function"]["name"] == "shell"
+    assert "".join(p["function"]["arguments"] for p in pieces) == CALL.arguments
+    assert len(pieces) > 2  # arguments arrive in several slices
+    assert (
+        chunks[-2]["choices"][0]["finish_reason"] == "tool_calls" and chunks[-1]["usage"]["total_tokens"] > 0
+    )
+    [exchange] = upstream.agent_requests()
+    assert exchange.turn == 0 and exchange.body == body and upstream.unplayed() == 0
+
+
+def test_json_turn_side_requests_and_an_exhausted_script(engine):
+    upstream, client = engine
+    upstream.play([Reply(text="first", reasoning="r", reasoning_field="reasoning")], side_when_no_tools=True)
+    side = client.post("/v1/chat/completions", json={"messages": []}).json()
+    assert side["choices"][0]["message"]["content"] == SIDE_ANSWER
+    turn = client.post("/v1/chat/completions", json={"messages": [], "tools": TOOLS}).json()
+    assert turn["choices"][0]["message"] == {"role": "assistant", "content": "first", "reasoning": "r"}
+    extra = client.post("/v1/chat/completions", json={"messages": [], "tools": TOOLS})
+    assert extra.status_code == 400 and "unexpected agent request #2" in extra.json()["error"]["message"]
+    assert [(e.kind, e.turn) for e in upstream.exchanges] == [("side", None), ("agent", 0), ("agent", None)]
+
+
+def test_error_replies_models_tokenize_and_unknown_routes(engine):
+    upstream, client = engine
+    upstream.play([Reply(text="engine broke", status=503)])
+    failed = client.post("/v1/chat/completions", json={"messages": [], "stream": True})
+    assert failed.status_code == 503 and failed.json()["error"]["message"] == "engine broke"
+    assert client.get("/v1/models").json()["data"][0]["id"] == upstream.model
+    assert (
+        client.post("/tokenize", json={"messages": [{"role": "user", "content": "x" * 400}]}).json()["count"]
+        > 1
+    )
+    assert client.get("/v2/nothing").status_code == 404
+    assert [e.kind for e in upstream.exchanges] == ["agent", "models", "tokenize", "unknown"]
