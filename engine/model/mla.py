@@ -75,7 +75,9 @@ class MultiheadLatentAttention(nn.Module):
             return self._absorbed
         cfg = self.cfg
         nope = cfg.qk_nope_head_dim
-        w = self.kv_b_proj.dense_weight().view(cfg.num_attention_heads, nope + cfg.v_head_dim, cfg.kv_lora_rank)
+        w = self.kv_b_proj.dense_weight().view(
+            cfg.num_attention_heads, nope + cfg.v_head_dim, cfg.kv_lora_rank
+        )
         return w[:, :nope], w[:, nope:]
 
     def freeze_absorbed_weights(self) -> None:
