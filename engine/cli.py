@@ -9,7 +9,9 @@ def main() -> None:
 
 
 from engine.gguf_export import export_gguf_command  # noqa: E402
+from engine.server.cli import serve_command  # noqa: E402
 from engine.synth import synth_command  # noqa: E402
 
 main.add_command(synth_command)
 main.add_command(export_gguf_command)
+main.add_command(serve_command)
