@@ -17,7 +17,9 @@ from engine.model import KimiLinearConfig, SequenceCache
 
 GIB = 1 << 30
 _WORKSPACE_MARGIN = 1.25  # on top of the counted live tensors: allocator rounding, small temporaries
-_KDA_GROUP_TEMPORARIES = 4 * (1 << 24) * 4  # kda_chunked's batched phase: ~4 live fp32 tensors of 2^24
+# kda_chunked's batched phase forms decays for 16-token blocks: 4 * tokens * kda_dim elements per tensor,
+# its groups capped near 2^24 of them; about 4 such fp32 tensors are live at once.
+_KDA_BLOCK_ELEMENTS_CAP = 1 << 24
 
 
 class MemoryPlanError(ValueError):
@@ -53,7 +55,7 @@ def prefill_workspace_bytes(
     kda = (
         c * d * (8 * b + 14 * f)  # projections and conv outputs; fp32 q, k, v, g and their chunked copies
         + 2 * c * config.kda_num_heads * 64 * f  # intra-chunk scores A, M
-        + _KDA_GROUP_TEMPORARIES
+        + 4 * min(4 * c * d, _KDA_BLOCK_ELEMENTS_CAP) * f
     )
     heads = config.num_attention_heads
     mla = (
