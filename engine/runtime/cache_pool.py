@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.model import KimiLinearForCausalLM, SequenceCache
-from engine.runtime.decode import DecodeRunner
+from engine.runtime.decode import DecodeRunner, graph_capturable
 from engine.runtime.memory import cache_bytes
 
 
@@ -97,7 +97,8 @@ class CachePool:
             lease.cache.reset()
         else:
             cache = self.model.new_cache(capacity, batch_size=batch)
-            runner = DecodeRunner(self.model, cache, cuda_graph=self.cuda_graphs, graph_pool=self.graph_pool)
+            graph = self.cuda_graphs and graph_capturable(self.model.config, batch)
+            runner = DecodeRunner(self.model, cache, cuda_graph=graph, graph_pool=self.graph_pool)
             self.graphs_captured += runner.graph is not None
             lease = Lease(cache, runner, self.bytes_for(capacity, batch))
         self.in_use_bytes += lease.nbytes

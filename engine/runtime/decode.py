@@ -11,9 +11,15 @@ from __future__ import annotations
 
 import torch
 
-from engine.model import KimiLinearForCausalLM, SequenceCache
+from engine.model import KimiLinearConfig, KimiLinearForCausalLM, SequenceCache
 
 _WARMUP_STEPS = 2  # lazy initialisation (cuBLAS handles, workspace) must happen outside the capture
+
+
+def graph_capturable(config: KimiLinearConfig, batch: int) -> bool:
+    """Whether a decode step of `batch` sequences has static shapes: `expert_ffn` takes its gathered
+    (sync-free) path only while batch * top_k < num_experts; beyond, it groups by expert on the host."""
+    return batch * config.num_experts_per_token < config.num_experts
 
 
 class DecodeRunner:

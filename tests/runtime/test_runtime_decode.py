@@ -8,7 +8,9 @@ import torch
 
 import engine.runtime.engine as engine_module
 from engine.model import SamplingParams, generate
+from engine.model.presets import FULL, TINY
 from engine.runtime import Engine, Sampler
+from engine.runtime.decode import graph_capturable
 from tests.runtime.runtime_support import random_prompt
 
 
@@ -88,6 +90,12 @@ def test_admission_errors_are_clear(engine):
     with pytest.raises(ValueError, match="token ids"):
         engine.start([[engine.model.config.vocab_size]], 4)
     assert engine.pool.reserved_bytes == 0 and engine.pool.in_use_bytes == 0
+
+
+def test_graphs_are_captured_only_for_static_expert_shapes():
+    """expert_ffn's gathered (capturable) path needs batch * top_k < experts: 2 * 3 < 8 <= 2 * 4."""
+    assert graph_capturable(TINY, 3) and not graph_capturable(TINY, 4)
+    assert graph_capturable(FULL, 31) and not graph_capturable(FULL, 32)
 
 
 @pytest.mark.gpu
