@@ -81,11 +81,6 @@ class PrefixCache:
         self._lengths[snapshot.length] += 1
         self.bytes += snapshot.nbytes
 
-    def clear(self) -> None:
-        self._entries.clear()
-        self._lengths.clear()
-        self.bytes = 0
-
     def _forget(self, snapshot: StateSnapshot) -> None:
         self.bytes -= snapshot.nbytes
         self._lengths[snapshot.length] -= 1

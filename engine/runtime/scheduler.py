@@ -1,6 +1,7 @@
 """The model executor: one thread that owns the engine and interleaves the sequences in flight.
 
-Requests wait in a FIFO queue of bounded depth (`submit` raises QueueFull beyond it: back-pressure).
+Requests wait in a FIFO queue: beyond the free slots, at most `max_queue` may wait (`submit` raises
+QueueFull beyond that: back-pressure).
 The head of the queue is admitted when a slot (`max_active`) and memory for its cache are free; nothing
 behind it overtakes it. Each turn of the loop gives every active sequence one unit of work — one
 prefill chunk or one token — so a long prompt does not stall the others' streams. Results go to a
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -73,7 +73,6 @@ class QueueFull(RuntimeError):
 class Handle:
     request: Request
     sink: Sink
-    submitted: float = field(default_factory=time.monotonic)
     _cancelled: threading.Event = field(default_factory=threading.Event)
     _wake: Callable[[], None] = lambda: None
 
@@ -129,7 +128,8 @@ class Scheduler:
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the scheduler is stopped")
-            if len(self._waiting) >= self.max_queue:
+            free_slots = max(0, self.max_active - len(self._active))
+            if len(self._waiting) >= self.max_queue + free_slots:
                 self.counts["rejected"] += 1
                 raise QueueFull(len(self._waiting), self.retry_after_s)
             self._waiting.append(handle)

@@ -92,5 +92,5 @@ class ChatTemplate:
             )
         except ChatTemplateError:
             raise
-        except TemplateError as e:
+        except (TemplateError, TypeError, KeyError, IndexError) as e:  # the conversation broke the template
             raise ChatTemplateError(f"the chat template failed on this conversation: {e}") from e

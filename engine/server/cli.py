@@ -70,7 +70,7 @@ DEFAULT_GPU_CAP_GIB = 32.0
     type=click.IntRange(min=0),
     default=16,
     show_default=True,
-    help="Requests that may wait; beyond that, 429 with Retry-After.",
+    help="Requests that may wait for a free sequence slot; beyond that, 429 with Retry-After.",
 )
 @click.option(
     "--prefix-cache-gib",

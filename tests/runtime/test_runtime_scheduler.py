@@ -94,17 +94,15 @@ def test_a_full_queue_pushes_back_and_fifo_order_holds(engine, rng):
     try:
         out = Collector()
         s.pause()
-        for label in "xy":
+        for label in "xyz":  # one for the free slot, two waiting
             s.submit(Request(random_prompt(rng, 10), SamplingParams(max_tokens=3)), out.sink_for(label))
         with pytest.raises(QueueFull) as full:
-            s.submit(Request(random_prompt(rng, 10), SamplingParams(max_tokens=3)), out.sink_for("z"))
+            s.submit(Request(random_prompt(rng, 10), SamplingParams(max_tokens=3)), out.sink_for("w"))
         assert full.value.retry_after_s >= 1 and s.stats()["rejected"] == 1
         s.resume()
-        out.wait("x", "y")
-        ends = [lab for lab, e in out.events if isinstance(e, Finished)]
-        assert ends == ["x", "y"]
-        starts = [lab for lab, e in out.events if isinstance(e, Started)]
-        assert starts == ["x", "y"]
+        out.wait("x", "y", "z")
+        assert [lab for lab, e in out.events if isinstance(e, Started)] == ["x", "y", "z"]
+        assert [lab for lab, e in out.events if isinstance(e, Finished)] == ["x", "y", "z"]
     finally:
         s.stop()
 

@@ -39,16 +39,16 @@ async def test_a_full_queue_answers_429_with_retry_after(small_server):
     scheduler.pause()
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
     async with httpx.AsyncClient(base_url=small_server.base_url, timeout=TIMEOUT_S) as client:
-        try:
-            waiting = asyncio.create_task(client.post("/v1/chat/completions", json=body))
-            await _until(lambda: scheduler.stats()["queued"] == 1)
+        try:  # one request for the free slot, one waiting, then no room
+            waiting = [asyncio.create_task(client.post("/v1/chat/completions", json=body)) for _ in range(2)]
+            await _until(lambda: scheduler.stats()["queued"] == 2)
             rejected = await client.post("/v1/chat/completions", json=body)
         finally:
             scheduler.resume()
         assert rejected.status_code == 429
         assert int(rejected.headers["retry-after"]) >= 1
         assert rejected.json()["error"]["code"] == "queue_full"
-        assert (await waiting).status_code == 200
+        assert [(await w).status_code for w in waiting] == [200, 200]
 
 
 async def test_a_streaming_client_that_leaves_frees_its_sequence(small_server):
