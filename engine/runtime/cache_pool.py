@@ -47,6 +47,7 @@ class CachePool:
         self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
         self._idle: OrderedDict[int, list[Lease]] = OrderedDict()  # capacity -> idle leases, LRU order
         self.idle_bytes = 0
+        self.idle_count = 0  # counters, not views of the dict: other threads read stats()
         self.in_use_bytes = 0
         self.reserved_bytes = 0
         self.graphs_captured = 0
@@ -94,6 +95,7 @@ class CachePool:
             if not idle:
                 del self._idle[capacity]
             self.idle_bytes -= lease.nbytes
+            self.idle_count -= 1
             lease.cache.reset()
         else:
             cache = self.model.new_cache(capacity, batch_size=batch)
@@ -110,7 +112,8 @@ class CachePool:
         self._idle.setdefault(lease.cache.max_len, []).append(lease)
         self._idle.move_to_end(lease.cache.max_len)
         self.idle_bytes += lease.nbytes
-        while sum(len(v) for v in self._idle.values()) > self.max_idle:
+        self.idle_count += 1
+        while self.idle_count > self.max_idle:
             self._drop_oldest_idle()
 
     def _drop_oldest_idle(self) -> None:
@@ -119,6 +122,7 @@ class CachePool:
         if not leases:
             del self._idle[capacity]
         self.idle_bytes -= lease.nbytes
+        self.idle_count -= 1
 
     def stats(self) -> dict:
         return {
@@ -126,6 +130,6 @@ class CachePool:
             "idle_bytes": self.idle_bytes,
             "reserved_bytes": self.reserved_bytes,
             "budget_bytes": self.budget_bytes,
-            "idle_caches": sum(len(v) for v in self._idle.values()),
+            "idle_caches": self.idle_count,
             "graphs_captured": self.graphs_captured,
         }

@@ -202,18 +202,29 @@ class Engine:
         reservation = self.pool.reservation_for(first, total, batch)
         if not self.pool.reserve(reservation):
             raise EngineBusy("no memory for another sequence until one finishes")
-        lease = self.pool.take(first, batch)
-        pending = torch.tensor(prompts, dtype=torch.long, device=self.device)
-        seq = Sequence(prompts, max_new_tokens, lease, reservation, pending)
-        if batch == 1 and self.prefix_cache is not None:
-            snapshot = self.prefix_cache.lookup(prompts[0])
-            if snapshot is not None:
-                restore_snapshot(snapshot, lease.cache)
-                seq.cached_tokens = snapshot.length
-                seq.pending = pending[:, snapshot.length :]
-                if seq.prefilled:  # the very same prompt again: its logits were kept too
-                    seq.logits = snapshot.logits.to(self.device, copy=True)
+        lease = None
+        try:
+            lease = self.pool.take(first, batch)
+            pending = torch.tensor(prompts, dtype=torch.long, device=self.device)
+            seq = Sequence(prompts, max_new_tokens, lease, reservation, pending)
+            if batch == 1 and self.prefix_cache is not None:
+                self._restore_prefix(seq)
+        except BaseException:
+            if lease is not None:
+                self.pool.give_back(lease)
+            self.pool.unreserve(reservation)
+            raise
         return seq
+
+    def _restore_prefix(self, seq: Sequence) -> None:
+        snapshot = self.prefix_cache.lookup(seq.prompt_ids[0])
+        if snapshot is None:
+            return
+        restore_snapshot(snapshot, seq.lease.cache)
+        seq.cached_tokens = snapshot.length
+        seq.pending = seq.pending[:, snapshot.length :]
+        if seq.prefilled:  # the very same prompt again: its logits were kept too
+            seq.logits = snapshot.logits.to(self.device, copy=True)
 
     def prefill_step(self, seq: Sequence) -> bool:
         """Prefill the next chunk of the prompt; True once the whole prompt is in the cache."""

@@ -199,6 +199,15 @@ class Scheduler:
             self._pop(handle)
             self._fail(handle, str(e), "invalid")
             return
+        except (torch.OutOfMemoryError, MemoryCapExceeded) as e:
+            self._pop(handle)
+            self._fail(handle, f"out of memory under the cap: {e}", "memory")
+            return
+        except Exception as e:  # a bug: fail this request, keep serving
+            log.exception("admission failed")
+            self._pop(handle)
+            self._fail(handle, f"internal error: {e}", "internal")
+            return
         self._pop(handle)
         sampler = Sampler(request.params, self.engine.device, request.logits_processor)
         with self._cond:

@@ -139,3 +139,26 @@ def test_impossible_request_fails_cleanly(engine, scheduler):
     out.wait("big")
     failed = out.last("big")
     assert isinstance(failed, Failed) and failed.code == "invalid" and "max context" in failed.message
+
+
+def test_a_failing_admission_releases_its_reservation_and_serving_goes_on(
+    engine, scheduler, rng, monkeypatch
+):
+    take = engine.pool.take
+    calls = []
+
+    def broken_once(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            raise RuntimeError("device lost")
+        return take(*args, **kwargs)
+
+    monkeypatch.setattr(engine.pool, "take", broken_once)
+    out = Collector()
+    scheduler.submit(Request(random_prompt(rng, 10), SamplingParams(max_tokens=3)), out.sink_for("bad"))
+    out.wait("bad")
+    assert out.last("bad") == Failed("internal error: device lost", "internal")
+    assert engine.pool.reserved_bytes == 0
+    scheduler.submit(Request(random_prompt(rng, 10), SamplingParams(max_tokens=3)), out.sink_for("good"))
+    out.wait("good")
+    assert isinstance(out.last("good"), Finished)
