@@ -10,7 +10,7 @@ import torch
 import engine.model.kda as kda_module
 from engine.model.kda import KimiDeltaAttention, kda_chunked, l2_normalize
 from engine.runtime import Engine
-from engine.runtime.kda_kernels import fla_chunk_kda, select_kda_kernel
+from engine.runtime.kda_kernels import check_against_reference, fla_chunk_kda, select_kda_kernel
 from tests.runtime.runtime_support import random_prompt
 
 
@@ -52,6 +52,20 @@ def test_torch_kernel_is_chosen_on_the_cpu():
         select_kda_kernel("fla", torch.device("cpu"))
     with pytest.raises(ValueError, match="unknown KDA kernel"):
         select_kda_kernel("triton", torch.device("cpu"))
+
+
+def test_the_kernel_check_accepts_the_reference_and_catches_a_wrong_kernel():
+    cpu = torch.device("cpu")
+    assert check_against_reference(kda_chunked, cpu) is None
+
+    def stale_state(q, k, v, g, beta, state):  # right outputs, state left behind
+        return kda_chunked(q, k, v, g, beta, state.clone())
+
+    def broken(*args):
+        raise RuntimeError("no kernel image for this device")
+
+    assert "relative error" in check_against_reference(stale_state, cpu)
+    assert check_against_reference(broken, cpu) == "RuntimeError: no kernel image for this device"
 
 
 def _kda_inputs(rng, device, batch=2, tokens=300, heads=4, dim=128):
