@@ -117,7 +117,8 @@ class Engine:
         """Plan memory, refuse what cannot fit (MemoryPlanError), then materialise the weights under the cap.
 
         `device` defaults to CUDA when available; `dtype` to BF16 on a GPU, FP32 on the CPU. CUDA graphs
-        are used only on a GPU. On a GPU, prefix snapshots live in host memory, outside the cap.
+        are used only on a GPU. Prefix snapshots get `prefix_cache_gib` (default 4 on a GPU, in host
+        memory outside the cap; 1 on the CPU, inside it; 0 turns the prefix cache off).
         """
         source = open_model_source(weights=weights, synthetic=synthetic, seed=seed)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
