@@ -5,6 +5,7 @@ import click
 from engine.gguf_export import export_gguf_command
 from engine.kernels.cli import kernels
 from engine.quant.cli import quantize, verify
+from engine.server.cli import serve_command
 from engine.synth import synth_command
 
 
@@ -18,3 +19,4 @@ main.add_command(export_gguf_command)
 main.add_command(quantize)
 main.add_command(verify)
 main.add_command(kernels)
+main.add_command(serve_command)

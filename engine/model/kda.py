@@ -178,6 +178,9 @@ class KimiDeltaAttention(nn.Module):
         self.g_b_proj = Linear(hd, d, **kw)
         self.o_norm = GatedRMSNorm(hd, cfg.rms_norm_eps, **kw)
         self.o_proj = Linear(d, h, **kw)
+        # The prefill (several tokens) kernel, same signature as `kda_chunked`; a runtime may swap in a
+        # GPU variant (fla's chunk_kda) for this module.
+        self.chunked_kernel = kda_chunked
 
     def forward(self, x: torch.Tensor, state: KDAState | None) -> torch.Tensor:
         """x [B, T, hidden]. With a state, continue from it and update it; without, start from zeros.
@@ -202,6 +205,6 @@ class KimiDeltaAttention(nn.Module):
         if n_tokens == 1:
             o = kda_recurrent_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], recurrent).unsqueeze(1)
         else:
-            o = kda_chunked(q, k, v, g, beta, recurrent)
+            o = self.chunked_kernel(q, k, v, g, beta, recurrent)
         gate = self.g_b_proj(self.g_a_proj(x)).unflatten(-1, (nh, -1))
         return self.o_proj(self.o_norm(o, gate).flatten(-2))

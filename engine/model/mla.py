@@ -33,6 +33,7 @@ class MultiheadLatentAttention(nn.Module):
         self.kv_b_proj = Linear(cfg.kv_lora_rank, n * (cfg.qk_nope_head_dim + cfg.v_head_dim), **kw)
         self.o_proj = Linear(n * cfg.v_head_dim, h, **kw)
         self.scale = cfg.qk_head_dim**-0.5
+        self._absorbed: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def compress(self, x: torch.Tensor) -> torch.Tensor:
         """The per-token cache entry [normalised latent | k_pe], shape [..., kv_lora_rank + rope]."""
@@ -67,6 +68,24 @@ class MultiheadLatentAttention(nn.Module):
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, scale=self.scale)
         return self.o_proj(o.transpose(1, 2).reshape(batch, n_tokens, n * cfg.v_head_dim))
 
+    def absorbed_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv_b_proj per head as (W_k [H, nope, L], W_v [H, v, L]), the matrices decode folds into the query
+        and the output. Cached after `freeze_absorbed_weights()`."""
+        if self._absorbed is not None:
+            return self._absorbed
+        cfg = self.cfg
+        nope = cfg.qk_nope_head_dim
+        w = self.kv_b_proj.dense_weight().view(
+            cfg.num_attention_heads, nope + cfg.v_head_dim, cfg.kv_lora_rank
+        )
+        return w[:, :nope], w[:, nope:]
+
+    def freeze_absorbed_weights(self) -> None:
+        """Compute the absorbed matrices once (for a non-dense kv_b_proj, `dense_weight()` converts: a
+        runtime calls this at load so decode does not convert per token). Weights must not change after."""
+        self._absorbed = None
+        self._absorbed = self.absorbed_weights()
+
     def decode(
         self, x: torch.Tensor, state: MLAState, position: torch.Tensor, slots: torch.Tensor
     ) -> torch.Tensor:
@@ -77,8 +96,7 @@ class MultiheadLatentAttention(nn.Module):
         n, nope = cfg.num_attention_heads, cfg.qk_nope_head_dim
         q = self.q_proj(x).view(batch, n, cfg.qk_head_dim)
         state.kv.index_copy_(1, position, self.compress(x))
-        w = self.kv_b_proj.dense_weight().view(n, nope + cfg.v_head_dim, cfg.kv_lora_rank)
-        w_k, w_v = w[:, :nope], w[:, nope:]  # [H, nope, L], [H, v, L]
+        w_k, w_v = self.absorbed_weights()  # [H, nope, L], [H, v, L]
         q_latent = torch.einsum("bhn,hnl->bhl", q[..., :nope], w_k)
         q_cat = torch.cat([q_latent, q[..., nope:]], dim=-1)  # [B, H, L + rope]
         scores = (q_cat @ state.kv.transpose(1, 2)).float() * self.scale  # [B, H, max_len]

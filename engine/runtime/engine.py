@@ -1,0 +1,330 @@
+"""The engine: a loaded model under a memory cap, with sized caches, chunked prefill, graph decode and a
+prefix state cache. Single-threaded; the scheduler (or a benchmark) drives it.
+
+    engine = Engine.load(synthetic="tiny")                      # or weights="ckpt/", device="cuda", ...
+    seq = engine.prefill([ids])                                 # [B] prompts of equal length
+    tokens = engine.decode(seq, 64, SamplingParams(), on_token=lambda i, ids: ...)
+    engine.release(seq); engine.memory_report(); engine.close()
+
+The step-wise form (what the scheduler uses to interleave sequences) is `start` → `prefill_step` until
+it returns True → `next_token` per token → `release`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import torch
+
+from engine.model import KimiLinearForCausalLM, SamplingParams, Tokenizer
+from engine.model.mla import MultiheadLatentAttention
+from engine.runtime.cache_pool import CachePool, Lease
+from engine.runtime.kda_kernels import select_kda_kernel, use_kda_kernel
+from engine.runtime.loader import ModelSource, open_model_source
+from engine.runtime.memory import GIB, MemoryPlan, module_bytes, plan_memory
+from engine.runtime.prefix_cache import PrefixCache
+from engine.runtime.sampling import Sampler
+from engine.runtime.state import restore_snapshot, transfer
+from harness.caps import MemoryCap
+
+FIRST_CACHE_EXTRA_TOKENS = 512  # a new sequence's first cache holds the prompt plus this much output
+DEFAULT_PREFILL_CHUNK = 2048
+
+
+class EngineBusy(RuntimeError):
+    """Not enough free memory for another sequence right now (others hold it)."""
+
+
+@dataclass
+class Sequence:
+    """A batch of prompts of equal length in flight (the server uses one prompt per sequence)."""
+
+    prompt_ids: list[list[int]]
+    max_new_tokens: int
+    lease: Lease
+    reservation: int
+    pending: torch.Tensor  # [B, T] prompt tokens not prefilled yet
+    cached_tokens: int = 0  # prompt tokens restored from the prefix cache
+    logits: torch.Tensor | None = None  # [B, vocab] for the next token
+    last_tokens: torch.Tensor | None = None  # sampled but not yet fed to the model
+    generated: list[list[int]] = field(default_factory=list)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_ids[0])
+
+    @property
+    def prefilled(self) -> bool:
+        return self.pending.shape[1] == 0
+
+    @property
+    def capacity(self) -> int:
+        """Tokens the cache must hold at most: the prompt and every generated token but the last."""
+        return self.prompt_len + self.max_new_tokens - 1
+
+
+class Engine:
+    def __init__(
+        self,
+        model: KimiLinearForCausalLM,
+        tokenizer: Tokenizer,
+        source: ModelSource,
+        plan: MemoryPlan,
+        cap: MemoryCap,
+        *,
+        cuda_graphs: bool,
+        kda_kernel: str,
+        prefix_cache: PrefixCache | None,
+    ):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.source = source
+        self.plan = plan
+        self.cap = cap
+        self.kda_kernel = kda_kernel
+        self.prefix_cache = prefix_cache
+        self.pool = CachePool(
+            model, max_context=plan.max_context, budget_bytes=plan.cache_budget_bytes, cuda_graphs=cuda_graphs
+        )
+
+    # ------------------------------------------------------------------ loading
+
+    @classmethod
+    def load(
+        cls,
+        *,
+        weights: str | Path | None = None,
+        synthetic: str | None = None,
+        seed: int = 0,
+        device: str | torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        memory_cap_gib: float | None = None,
+        max_context: int = 32768,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        cuda_graphs: bool = True,
+        kda_kernel: str = "auto",
+        prefix_cache_gib: float | None = None,
+        progress: bool = False,
+    ) -> Engine:
+        """Plan memory, refuse what cannot fit (MemoryPlanError), then materialise the weights under the cap.
+
+        `device` defaults to CUDA when available; `dtype` to BF16 on a GPU, FP32 on the CPU. CUDA graphs
+        are used only on a GPU. Prefix snapshots get `prefix_cache_gib` (default 4 on a GPU, in host
+        memory outside the cap; 1 on the CPU, inside it; 0 turns the prefix cache off).
+        """
+        source = open_model_source(weights=weights, synthetic=synthetic, seed=seed)
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        on_gpu = device.type == "cuda"
+        kernel_name, kernel = select_kda_kernel(kda_kernel, device)
+        if prefix_cache_gib is None:
+            prefix_cache_gib = 4.0 if on_gpu else 1.0
+        prefix_bytes = int(prefix_cache_gib * GIB)
+        if on_gpu:
+            baseline = torch.cuda.memory_allocated(device)
+        else:
+            baseline = psutil.Process(os.getpid()).memory_info().rss
+        plan = plan_memory(
+            source.config,
+            dtype,
+            weights_bytes=module_bytes(source.meta_model(dtype)),
+            cap_bytes=None if memory_cap_gib is None else int(memory_cap_gib * GIB),
+            max_context=max_context,
+            prefill_chunk=prefill_chunk,
+            baseline_bytes=baseline,
+            prefix_cache_bytes=0 if on_gpu else prefix_bytes,
+            scores_materialized=not on_gpu,
+        )
+        cap = MemoryCap(memory_cap_gib, device=str(device), poll_s=0.1)
+        cap.__enter__()
+        try:
+            model = source.load(device, dtype, progress=progress)
+            tokenizer = source.tokenizer()
+        except BaseException:
+            cap.__exit__(None, None, None)
+            raise
+        prepare_for_inference(model)
+        use_kda_kernel(model, kernel)
+        prefix = PrefixCache(prefix_bytes, device="cpu" if on_gpu else device) if prefix_bytes > 0 else None
+        return cls(
+            model,
+            tokenizer,
+            source,
+            plan,
+            cap,
+            cuda_graphs=cuda_graphs and on_gpu,
+            kda_kernel=kernel_name,
+            prefix_cache=prefix,
+        )
+
+    def close(self) -> None:
+        self.cap.__exit__(None, None, None)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def max_context(self) -> int:
+        return self.plan.max_context
+
+    # ------------------------------------------------------------------ step-wise API
+
+    def start(self, prompt_ids: Iterable[Iterable[int]], max_new_tokens: int) -> Sequence:
+        """Admit prompts of equal length that will generate up to `max_new_tokens` each: reserve memory,
+        take a cache, and restore the longest kept prefix. Raises EngineBusy when memory is held by
+        others (try again later), ValueError for prompts that can never fit."""
+        prompts = [list(p) for p in prompt_ids]
+        length = len(prompts[0]) if prompts else 0
+        if not length or any(len(p) != length for p in prompts):
+            raise ValueError("give one or more non-empty prompts of equal length")
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be at least 1")
+        vocab = self.model.config.vocab_size
+        if any(not 0 <= t < vocab for p in prompts for t in p):
+            raise ValueError(f"prompt token ids must be in 0..{vocab - 1}")
+        total = length + max_new_tokens - 1
+        if total > self.max_context:
+            raise ValueError(
+                f"{length} prompt tokens + {max_new_tokens} new tokens exceed the max context of {self.max_context}"
+            )
+        batch = len(prompts)
+        first = min(total, length + FIRST_CACHE_EXTRA_TOKENS)
+        reservation = self.pool.reservation_for(first, total, batch)
+        if not self.pool.reserve(reservation):
+            raise EngineBusy("no memory for another sequence until one finishes")
+        lease = None
+        try:
+            lease = self.pool.take(first, batch)
+            pending = torch.tensor(prompts, dtype=torch.long, device=self.device)
+            seq = Sequence(prompts, max_new_tokens, lease, reservation, pending)
+            if batch == 1 and self.prefix_cache is not None:
+                self._restore_prefix(seq)
+        except BaseException:
+            if lease is not None:
+                self.pool.give_back(lease)
+            self.pool.unreserve(reservation)
+            raise
+        return seq
+
+    def _restore_prefix(self, seq: Sequence) -> None:
+        snapshot = self.prefix_cache.lookup(seq.prompt_ids[0])
+        if snapshot is None:
+            return
+        restore_snapshot(snapshot, seq.lease.cache)
+        seq.cached_tokens = snapshot.length
+        seq.pending = seq.pending[:, snapshot.length :]
+        if seq.prefilled:  # the very same prompt again: its logits were kept too
+            seq.logits = snapshot.logits.to(self.device, copy=True)
+
+    def prefill_step(self, seq: Sequence) -> bool:
+        """Prefill the next chunk of the prompt; True once the whole prompt is in the cache."""
+        if not seq.prefilled:
+            chunk = seq.pending[:, : self.plan.prefill_chunk]
+            seq.pending = seq.pending[:, chunk.shape[1] :]
+            seq.logits = self.model.prefill(chunk, seq.lease.cache)
+            self.cap.check()
+            if seq.prefilled and seq.batch_size == 1 and self.prefix_cache is not None:
+                self.prefix_cache.store(seq.prompt_ids[0], seq.lease.cache, seq.logits)
+        return seq.prefilled
+
+    def next_token(self, seq: Sequence, sampler: Sampler) -> list[int]:
+        """Feed the previously sampled tokens (one decode step) and sample the next ones, one per prompt."""
+        if not seq.prefilled:
+            raise RuntimeError("prefill the prompt before decoding")
+        if len(seq.generated) >= seq.max_new_tokens:
+            raise RuntimeError(f"the sequence was admitted for {seq.max_new_tokens} new tokens")
+        if seq.last_tokens is not None:
+            self._grow_if_full(seq)
+            seq.logits = seq.lease.runner.step(seq.last_tokens)
+        columns = [list(col) for col in zip(*seq.generated, strict=True)] or [[] for _ in seq.prompt_ids]
+        tokens = sampler(seq.logits, columns)
+        seq.last_tokens = tokens
+        ids = tokens.tolist()
+        seq.generated.append(ids)
+        return ids
+
+    def release(self, seq: Sequence) -> None:
+        """Give the sequence's cache back and drop its reservation (at once: used on cancellation too)."""
+        self.pool.give_back(seq.lease)
+        self.pool.unreserve(seq.reservation)
+        seq.reservation = 0
+
+    def _grow_if_full(self, seq: Sequence) -> None:
+        cache = seq.lease.cache
+        if cache.length < cache.max_len:
+            return
+        bigger = self.pool.take(min(seq.capacity, 2 * cache.max_len), seq.batch_size)
+        transfer(cache, bigger.cache)
+        self.pool.give_back(seq.lease)
+        seq.lease = bigger
+
+    # ------------------------------------------------------------------ whole-call API (benchmarks, tests)
+
+    def prefill(self, prompt_ids: Iterable[Iterable[int]], *, max_new_tokens: int = 1) -> Sequence:
+        """Admit and prefill prompts (all chunks); the logits of the next token are in `seq.logits`."""
+        seq = self.start(prompt_ids, max_new_tokens)
+        while not self.prefill_step(seq):
+            pass
+        return seq
+
+    def decode(
+        self,
+        seq: Sequence,
+        n: int,
+        params: SamplingParams | None = None,
+        *,
+        sampler: Sampler | None = None,
+        on_token: Callable[[int, list[int]], None] | None = None,
+    ) -> list[list[int]]:
+        """Generate `n` tokens per prompt (stop tokens are not checked: the benchmark form). `on_token(i,
+        ids)` is called right after token i is on the host, for per-token timing."""
+        sampler = sampler or Sampler(params or SamplingParams(), self.device)
+        for i in range(n):
+            ids = self.next_token(seq, sampler)
+            if on_token is not None:
+                on_token(i, ids)
+        return [list(col) for col in zip(*seq.generated[-n:], strict=True)]
+
+    # ------------------------------------------------------------------ reporting
+
+    def memory_report(self) -> dict:
+        """Sizes in GiB: weights, sequence caches (in use, idle for reuse, reserved, budget), prefix
+        snapshots, and the peak measured by the cap (allocator peak on a GPU, resident peak on the CPU)."""
+        gib = lambda n: None if n is None else n / GIB
+        pool = self.pool.stats()
+        cap = self.cap.report()
+        report = {
+            "weights_gib": gib(self.plan.weights_bytes),
+            "cache_in_use_gib": gib(pool["in_use_bytes"]),
+            "cache_idle_gib": gib(pool["idle_bytes"]),
+            "cache_reserved_gib": gib(pool["reserved_bytes"]),
+            "cache_budget_gib": gib(pool["budget_bytes"]),
+            "cache_bytes_per_token": self.plan.cache_bytes_per_token,
+            "graphs_captured": pool["graphs_captured"],
+            "peak_gib": cap.get("peak_allocated_gib", cap["peak_rss_gib"]),
+            "cap": cap,
+            "plan": self.plan.as_dict(),
+        }
+        if self.prefix_cache is not None:
+            report["prefix_cache"] = self.prefix_cache.stats()
+        if self.device.type == "cuda":
+            report["allocated_gib"] = gib(torch.cuda.memory_allocated(self.device))
+        return report
+
+
+def prepare_for_inference(model: KimiLinearForCausalLM) -> None:
+    """Convert once at load what decode would otherwise convert per token (MLA's absorbed kv_b_proj)."""
+    for module in model.modules():
+        if isinstance(module, MultiheadLatentAttention):
+            module.freeze_absorbed_weights()

@@ -1,0 +1,89 @@
+"""Prefill kernels for the KDA layers: the model's own chunked form, or `fla`'s `chunk_kda` on a GPU.
+
+Both take the model's already-normalised, already-scaled q and k, the log-space per-channel decay g and
+beta, and update the FP32 state [B, H, d_k, d_v] in place (fla uses the same state layout).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Callable
+
+import torch
+
+from engine.model import KimiLinearForCausalLM
+from engine.model.kda import KimiDeltaAttention, kda_chunked, l2_normalize
+
+KDA_KERNELS = ("auto", "torch", "fla")
+log = logging.getLogger(__name__)
+
+
+def fla_available() -> bool:
+    return importlib.util.find_spec("fla") is not None and torch.cuda.is_available()
+
+
+def fla_chunk_kda(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
+    """`kda_chunked`'s contract through fla's Triton kernels (scale 1: q arrives scaled)."""
+    from fla.ops.kda import chunk_kda
+
+    out, final = chunk_kda(q, k, v, g, beta, scale=1.0, initial_state=state, output_final_state=True)
+    state.copy_(final)
+    return out
+
+
+def check_against_reference(kernel: Callable, device: torch.device, *, tolerance: float = 2e-3) -> str | None:
+    """Run `kernel` and `kda_chunked` on the same random inputs (fresh each call, outputs poisoned) and
+    return why they disagree, or None. Tolerance is relative to the output scale (fla's dots are TF32)."""
+    gen = torch.Generator(device="cpu").manual_seed(int(torch.randint(0, 2**31, (1,)).item()))
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device)
+
+    batch, tokens, heads, dim = 1, 130, 2, 64
+    q = l2_normalize(randn(batch, tokens, heads, dim), 1e-6) * dim**-0.5
+    k = l2_normalize(randn(batch, tokens, heads, dim), 1e-6)
+    v = randn(batch, tokens, heads, dim)
+    g = -torch.rand(batch, tokens, heads, dim, generator=gen).to(device) * 0.5
+    beta = torch.rand(batch, tokens, heads, generator=gen).to(device)
+    state = randn(batch, heads, dim, dim) * 0.1
+    ref_state, out_state = state.clone(), state.clone()
+    expected = kda_chunked(q, k, v, g, beta, ref_state)
+    out = torch.full_like(expected, float("nan"))
+    try:
+        out.copy_(kernel(q, k, v, g, beta, out_state))
+    except Exception as e:  # an installed package that cannot run here
+        return f"{type(e).__name__}: {e}"
+    error = max(
+        ((out - expected).abs().max() / expected.abs().max()).item(),
+        ((out_state - ref_state).abs().max() / ref_state.abs().max()).item(),
+    )
+    if not error <= tolerance:  # also catches NaN
+        return f"relative error {error:.2e} against kda_chunked (tolerance {tolerance:.0e})"
+    return None
+
+
+def select_kda_kernel(choice: str, device: torch.device) -> tuple[str, Callable]:
+    """(name, kernel) for `choice` in KDA_KERNELS. auto takes fla on a GPU when it is installed and passes
+    a check against the chunked form at load, and falls back to torch (with a warning) otherwise."""
+    if choice not in KDA_KERNELS:
+        raise ValueError(f"unknown KDA kernel {choice!r}; choose one of {', '.join(KDA_KERNELS)}")
+    on_gpu = device.type == "cuda"
+    if choice == "fla" and not (on_gpu and fla_available()):
+        raise ValueError("the fla KDA kernel needs a CUDA device and the flash-linear-attention package")
+    if choice == "fla" or (choice == "auto" and on_gpu and fla_available()):
+        problem = check_against_reference(fla_chunk_kda, device)
+        if problem is None:
+            return "fla", fla_chunk_kda
+        if choice == "fla":
+            raise ValueError(f"fla's chunk_kda failed its check on {device}: {problem}")
+        log.warning(
+            "fla's chunk_kda failed its check on %s (%s); using the torch chunked form", device, problem
+        )
+    return "torch", kda_chunked
+
+
+def use_kda_kernel(model: KimiLinearForCausalLM, kernel: Callable) -> None:
+    for module in model.modules():
+        if isinstance(module, KimiDeltaAttention):
+            module.chunked_kernel = kernel

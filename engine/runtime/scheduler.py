@@ -1,0 +1,279 @@
+"""The model executor: one thread that owns the engine and interleaves the sequences in flight.
+
+Requests wait in a FIFO queue: beyond the free slots, at most `max_queue` may wait (`submit` raises
+QueueFull beyond that: back-pressure).
+The head of the queue is admitted when a slot (`max_active`) and memory for its cache are free; nothing
+behind it overtakes it. Each turn of the loop gives every active sequence one unit of work — one
+prefill chunk or one token — so a long prompt does not stall the others' streams. Results go to a
+per-request `sink` callable, called on this thread: `Started`, then `Token`s, then `Finished` or
+`Failed`. `Handle.cancel()` (any thread) makes the sequence release its cache at the next turn.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.model import SamplingParams
+from engine.model.generate import LogitsProcessor
+from engine.runtime.engine import Engine, EngineBusy, Sequence
+from engine.runtime.sampling import Sampler
+from harness.caps import MemoryCapExceeded
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_ids: list[int]
+    params: SamplingParams
+    logits_processor: LogitsProcessor | None = None
+
+
+@dataclass(frozen=True)
+class Started:
+    cached_tokens: int  # prompt tokens restored from the prefix cache (not prefilled again)
+
+
+@dataclass(frozen=True)
+class Token:
+    token_id: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # "stop" (a stop token), "length" (max_tokens) or "cancelled"
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens restored from the prefix cache
+    completion_tokens: int  # including a final stop token
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+    code: str  # "memory" (over the cap), "invalid" (cannot ever run), "shutdown" or "internal"
+
+
+Event = Started | Token | Finished | Failed
+Sink = Callable[[Event], None]
+
+
+class QueueFull(RuntimeError):
+    def __init__(self, depth: int, retry_after_s: int):
+        super().__init__(f"the queue is full ({depth} requests waiting); retry after {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class Handle:
+    request: Request
+    sink: Sink
+    _cancelled: threading.Event = field(default_factory=threading.Event)
+    _wake: Callable[[], None] = lambda: None
+
+    def cancel(self) -> None:
+        """Stop generating and free the sequence (no further events are sent)."""
+        self._cancelled.set()
+        self._wake()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+
+@dataclass
+class _Active:
+    handle: Handle
+    seq: Sequence
+    sampler: Sampler
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, *, max_active: int = 4, max_queue: int = 16, retry_after_s: int = 1):
+        if max_active < 1 or max_queue < 0:
+            raise ValueError("max_active must be positive and max_queue non-negative")
+        self.engine = engine
+        self.max_active = max_active
+        self.max_queue = max_queue
+        self.retry_after_s = retry_after_s
+        self._cond = threading.Condition()
+        self._waiting: deque[Handle] = deque()
+        self._active: list[_Active] = []
+        self._paused = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.counts = {"completed": 0, "cancelled": 0, "failed": 0, "rejected": 0}
+
+    # ------------------------------------------------------------------ control (any thread)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="model-executor", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    def submit(self, request: Request, sink: Sink) -> Handle:
+        handle = Handle(request, sink)
+        handle._wake = self._notify
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("the scheduler is stopped")
+            free_slots = max(0, self.max_active - len(self._active))
+            if len(self._waiting) >= self.max_queue + free_slots:
+                self.counts["rejected"] += 1
+                raise QueueFull(len(self._waiting), self.retry_after_s)
+            self._waiting.append(handle)
+            self._cond.notify_all()
+        return handle
+
+    def pause(self) -> None:
+        """Hold every sequence where it is (requests still queue); for maintenance and tests."""
+        with self._cond:
+            self._paused = True
+
+    def resume(self) -> None:
+        with self._cond:
+            self._paused = False
+            self._cond.notify_all()
+
+    def stats(self) -> dict:
+        with self._cond:
+            return {
+                "queued": len(self._waiting),
+                "active": len(self._active),
+                "max_active": self.max_active,
+                "max_queue": self.max_queue,
+                "paused": self._paused,
+                **self.counts,
+            }
+
+    def _notify(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ the executor thread
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    self._drop_cancelled_waiting()
+                    if self._stopping or (not self._paused and (self._active or self._waiting)):
+                        break
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                head = self._waiting[0] if self._waiting and len(self._active) < self.max_active else None
+            if head is not None:
+                self._admit(head)
+            for active in list(self._active):
+                self._advance(active)
+        self._shut_down()
+
+    def _drop_cancelled_waiting(self) -> None:
+        kept = [h for h in self._waiting if not h.cancelled]
+        self.counts["cancelled"] += len(self._waiting) - len(kept)
+        self._waiting = deque(kept)
+
+    def _admit(self, handle: Handle) -> None:
+        request = handle.request
+        try:
+            seq = self.engine.start([request.prompt_ids], request.params.max_tokens)
+        except EngineBusy:
+            if self._active:
+                return  # memory frees up when an active sequence ends; the head keeps its place
+            self._pop(handle)
+            self._fail(handle, "no memory for this sequence even with nothing else running", "memory")
+            return
+        except ValueError as e:
+            self._pop(handle)
+            self._fail(handle, str(e), "invalid")
+            return
+        except (torch.OutOfMemoryError, MemoryCapExceeded) as e:
+            self._pop(handle)
+            self._fail(handle, f"out of memory under the cap: {e}", "memory")
+            return
+        except Exception as e:  # a bug: fail this request, keep serving
+            log.exception("admission failed")
+            self._pop(handle)
+            self._fail(handle, f"internal error: {e}", "internal")
+            return
+        self._pop(handle)
+        sampler = Sampler(request.params, self.engine.device, request.logits_processor)
+        with self._cond:
+            self._active.append(_Active(handle, seq, sampler))
+        _emit(handle, Started(seq.cached_tokens))
+
+    def _pop(self, handle: Handle) -> None:
+        with self._cond:
+            self._waiting.remove(handle)
+
+    def _advance(self, active: _Active) -> None:
+        handle, seq = active.handle, active.seq
+        if handle.cancelled:
+            self._end(active, None)
+            return
+        try:
+            if not seq.prefilled:
+                self.engine.prefill_step(seq)
+                return
+            token = self.engine.next_token(seq, active.sampler)[0]
+        except (torch.OutOfMemoryError, MemoryCapExceeded) as e:
+            self._end(active, Failed(f"out of memory under the cap: {e}", "memory"))
+            return
+        except Exception as e:  # a bug, not the client's fault: fail this request, keep serving
+            log.exception("sequence failed")
+            self._end(active, Failed(f"internal error: {e}", "internal"))
+            return
+        generated = len(seq.generated)
+        if token in handle.request.params.stop_token_ids:
+            self._end(active, self._finished("stop", seq))
+            return
+        _emit(handle, Token(token))
+        if generated >= seq.max_new_tokens:
+            self._end(active, self._finished("length", seq))
+
+    @staticmethod
+    def _finished(reason: str, seq: Sequence) -> Finished:
+        return Finished(reason, seq.prompt_len, seq.cached_tokens, len(seq.generated))
+
+    def _end(self, active: _Active, event: Finished | Failed | None) -> None:
+        """Free the sequence first, then report (None: cancelled, nobody to tell)."""
+        self.engine.release(active.seq)
+        with self._cond:
+            self._active.remove(active)
+            key = "cancelled" if event is None else "failed" if isinstance(event, Failed) else "completed"
+            self.counts[key] += 1
+        if event is not None:
+            _emit(active.handle, event)
+
+    def _fail(self, handle: Handle, message: str, code: str) -> None:
+        with self._cond:
+            self.counts["failed"] += 1
+        _emit(handle, Failed(message, code))
+
+    def _shut_down(self) -> None:
+        for active in list(self._active):
+            self._end(active, Failed("the server is shutting down", "shutdown"))
+        with self._cond:
+            waiting, self._waiting = list(self._waiting), deque()
+        for handle in waiting:
+            self._fail(handle, "the server is shutting down", "shutdown")
+
+
+def _emit(handle: Handle, event: Event) -> None:
+    try:
+        handle.sink(event)
+    except Exception:  # a sink that cannot deliver (its client or loop is gone) must not stop the executor
+        log.exception("could not deliver an event")
+        handle.cancel()

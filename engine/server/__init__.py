@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP server (`kimi-engine serve`) over the runtime's scheduler."""

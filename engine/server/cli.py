@@ -1,0 +1,251 @@
+"""`kimi-engine serve`: load the model under a memory cap and serve the OpenAI Chat Completions API."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from pathlib import Path
+
+import click
+
+from engine.model.presets import PRESETS
+from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
+from engine.runtime.kda_kernels import KDA_KERNELS
+
+DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
+DEFAULT_GPU_CAP_GIB = 32.0
+
+
+@click.command("serve")
+@click.option(
+    "--weights",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Checkpoint directory (Hugging Face layout, real or from `kimi-engine synth`).",
+)
+@click.option(
+    "--synthetic",
+    type=click.Choice(sorted(PRESETS)),
+    help="Random weights of this size, built in memory (no download). Default: tiny, when --weights is not given.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic weights.")
+@click.option(
+    "--device", default="auto", show_default=True, help="cuda, cuda:N or cpu; auto picks CUDA if present."
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", *DTYPES]),
+    default="auto",
+    show_default=True,
+    help="Weights and activations; auto is bfloat16 on a GPU, float32 on the CPU.",
+)
+@click.option(
+    "--memory-cap-gib",
+    type=click.FloatRange(min=0, min_open=True),
+    help=f"Memory cap (GPU allocator, or resident memory on the CPU). Default: {DEFAULT_GPU_CAP_GIB:g} on a GPU, none on the CPU.",
+)
+@click.option(
+    "--max-context",
+    type=click.IntRange(min=2),
+    default=32768,
+    show_default=True,
+    help="Longest sequence (prompt + output); refused at start-up if it cannot fit under the cap.",
+)
+@click.option(
+    "--prefill-chunk",
+    type=click.IntRange(min=1),
+    default=DEFAULT_PREFILL_CHUNK,
+    show_default=True,
+    help="Prompt tokens per prefill step (bounds prefill memory).",
+)
+@click.option(
+    "--max-sequences",
+    type=click.IntRange(min=1),
+    default=4,
+    show_default=True,
+    help="Sequences in flight at once.",
+)
+@click.option(
+    "--max-queue",
+    type=click.IntRange(min=0),
+    default=16,
+    show_default=True,
+    help="Requests that may wait for a free sequence slot; beyond that, 429 with Retry-After.",
+)
+@click.option(
+    "--prefix-cache-gib",
+    type=click.FloatRange(min=0),
+    help="Host memory for prompt-state snapshots (0 turns the prefix cache off). Default: 4 on a GPU, 1 on the CPU.",
+)
+@click.option(
+    "--cuda-graphs/--no-cuda-graphs",
+    default=True,
+    show_default=True,
+    help="Replay decode steps as CUDA graphs (GPU only).",
+)
+@click.option(
+    "--kda-kernel",
+    type=click.Choice(KDA_KERNELS),
+    default="auto",
+    show_default=True,
+    help="KDA prefill kernel: torch (the engine's chunked form) or fla (GPU); auto takes fla when installed.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (keep loopback).")
+@click.option(
+    "--port",
+    "-p",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="Port; 0 picks a free one.",
+)
+@click.option(
+    "--served-model-name",
+    default="kimi-linear",
+    show_default=True,
+    help="Model id in /v1/models and responses.",
+)
+@click.option(
+    "--scripted-replies",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help='TESTING ONLY: JSON list of {"match", "reply"}; a request whose last message contains `match` is forced to write `reply`.',
+)
+@click.option(
+    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
+)
+def serve_command(
+    weights: Path | None,
+    synthetic: str | None,
+    seed: int,
+    device: str,
+    dtype: str,
+    memory_cap_gib: float | None,
+    max_context: int,
+    prefill_chunk: int,
+    max_sequences: int,
+    max_queue: int,
+    prefix_cache_gib: float | None,
+    cuda_graphs: bool,
+    kda_kernel: str,
+    host: str,
+    port: int,
+    served_model_name: str,
+    scripted_replies: Path | None,
+    log_level: str,
+) -> None:
+    """Serve Kimi-Linear over the OpenAI Chat Completions API (/v1/chat/completions, /v1/models,
+    /health, /tokenize), on 127.0.0.1 by default.
+
+    Start-up plans memory first: the weights, one max-context sequence and the prefill workspace must
+    fit under the cap, or the command stops and says what would fit. Put k3 in front of it for Claude
+    Code, Codex and other agents: `k3 serve --upstream http://127.0.0.1:8000/v1`.
+    """
+    import torch
+    import uvicorn
+
+    from engine.model import CheckpointError, ConfigError
+    from engine.runtime import Engine, MemoryPlanError, ModelSourceError, Scheduler
+    from engine.server.app import ServerContext, create_app
+    from engine.server.chat_template import SYNTHETIC_CHAT_TEMPLATE, ChatTemplate
+    from engine.server.scripted import ScriptedReplies, ScriptError
+
+    if weights is not None and synthetic is not None:
+        raise click.UsageError("give --weights or --synthetic, not both")
+    if weights is None and synthetic is None:
+        synthetic = "tiny"
+    resolved = (
+        torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if device == "auto"
+        else torch.device(device)
+    )
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise click.UsageError("--device cuda but CUDA is not available")
+    if memory_cap_gib is None and resolved.type == "cuda":
+        memory_cap_gib = DEFAULT_GPU_CAP_GIB
+    try:
+        engine = Engine.load(
+            weights=weights,
+            synthetic=synthetic,
+            seed=seed,
+            device=resolved,
+            dtype=None if dtype == "auto" else getattr(torch, DTYPES[dtype]),
+            memory_cap_gib=memory_cap_gib,
+            max_context=max_context,
+            prefill_chunk=prefill_chunk,
+            cuda_graphs=cuda_graphs,
+            kda_kernel=kda_kernel,
+            prefix_cache_gib=prefix_cache_gib,
+            progress=True,
+        )
+    except (MemoryPlanError, ModelSourceError, CheckpointError, ConfigError, ValueError) as e:
+        raise click.ClickException(str(e)) from None
+    try:
+        template_source = engine.source.chat_template()
+        if template_source is None and not engine.source.synthetic:
+            raise click.ClickException(
+                f"{weights} has no chat template (chat_template.jinja or tokenizer_config.json)"
+            )
+        template = ChatTemplate(
+            template_source or SYNTHETIC_CHAT_TEMPLATE, special_tokens=_template_tokens(engine)
+        )
+        scripted = ScriptedReplies.from_file(scripted_replies, engine.tokenizer) if scripted_replies else None
+    except ScriptError as e:
+        raise click.ClickException(str(e)) from None
+    scheduler = Scheduler(engine, max_active=max_sequences, max_queue=max_queue)
+    context = ServerContext(engine, scheduler, template, served_model_name, scripted)
+
+    # IPPROTO_TCP explicitly: asyncio only disables Nagle on sockets whose proto says TCP, and with
+    # Nagle on, every keep-alive response waits ~40 ms for the client's delayed ACK.
+    sock = socket.socket(
+        socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
+    )
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        raise click.ClickException(f"cannot bind {host}:{port}: {e}") from None
+    _print_start_up(engine, scripted is not None)
+    shown_host = f"[{host}]" if ":" in host else host
+    click.echo(
+        f"kimi-engine listening on http://{shown_host}:{sock.getsockname()[1]}  (OpenAI API under /v1)"
+    )
+    sys.stdout.flush()
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(context), log_level=log_level, access_log=False, timeout_graceful_shutdown=5
+        )
+    )
+    try:
+        server.run(sockets=[sock])
+    finally:
+        engine.close()
+
+
+def _template_tokens(engine) -> dict[str, str]:
+    """bos_token / eos_token, as chat templates expect them."""
+    tok = engine.tokenizer
+    names = {v: k for k, v in tok.special_tokens.items()}
+    return {"bos_token": names[tok.bos_id], "eos_token": names[tok.eos_id]}
+
+
+def _print_start_up(engine, scripted: bool) -> None:
+    source, plan = engine.source, engine.plan
+    gib = lambda n: f"{n / (1 << 30):.2f} GiB"
+    click.echo(
+        f"weights: {source.name}" + ("  [SYNTHETIC WEIGHTS: random output]" if source.synthetic else "")
+    )
+    click.echo(
+        f"device {engine.device}, {str(engine.model.dtype).removeprefix('torch.')}, KDA prefill kernel "
+        f"{engine.kda_kernel}, CUDA graphs {'on' if engine.pool.cuda_graphs else 'off'}"
+    )
+    cap = "none" if plan.cap_bytes is None else gib(plan.cap_bytes)
+    click.echo(
+        f"memory: weights {gib(plan.weights_bytes)}, cache {plan.cache_bytes_per_token:.0f} B/token "
+        f"({gib(plan.cache_bytes_max_context)} at {plan.max_context} tokens), prefill workspace "
+        f"{gib(plan.prefill_workspace_bytes)} (chunk {plan.prefill_chunk}), cap {cap}"
+    )
+    report = engine.memory_report()
+    click.echo(f"measured after load: peak {report['peak_gib']:.2f} GiB")
+    if scripted:
+        click.echo("TESTING: scripted replies are on (matching requests get a forced reply)")

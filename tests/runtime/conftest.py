@@ -1,0 +1,32 @@
+"""Fixtures for the runtime tests: one tiny synthetic engine (FP32, CPU unless a test asks for CUDA)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.runtime import Engine
+
+
+@pytest.fixture(scope="session", autouse=True)
+def single_thread():
+    """Tiny shapes only contend on the shared 2-core machine (see tests/engine/conftest.py)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def engine() -> Engine:
+    """Prefix cache off: tests that want it build their own engine (hits would change what is measured)."""
+    eng = Engine.load(synthetic="tiny", device="cpu", max_context=8192, prefix_cache_gib=0)
+    yield eng
+    eng.close()
+
+
+@pytest.fixture
+def rng(request) -> torch.Generator:
+    """Seeded per test: every test draws its own fresh inputs."""
+    seed = sum(ord(c) * (i + 1) for i, c in enumerate(request.node.name)) % (2**31)
+    return torch.Generator().manual_seed(seed)

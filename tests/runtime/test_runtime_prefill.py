@@ -1,0 +1,118 @@
+"""Long-prompt prefill: chunked, no per-token loop, same logits as one uncached pass; the fla variant."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import engine.model.kda as kda_module
+from engine.model.kda import KimiDeltaAttention, kda_chunked, l2_normalize
+from engine.runtime import Engine
+from engine.runtime.kda_kernels import check_against_reference, fla_chunk_kda, select_kda_kernel
+from tests.runtime.runtime_support import random_prompt
+
+
+def test_a_4k_prompt_prefills_in_chunks_without_a_per_token_loop(engine, rng, monkeypatch):
+    def per_token(*args):
+        raise AssertionError("the recurrent (per-token) KDA step ran during prefill")
+
+    monkeypatch.setattr(kda_module, "kda_recurrent_step", per_token)
+    calls = []
+    for module in engine.model.modules():
+        if isinstance(module, KimiDeltaAttention):
+            kernel = module.chunked_kernel
+            monkeypatch.setattr(
+                module, "chunked_kernel", lambda *a, _k=kernel: calls.append(a[0].shape[1]) or _k(*a)
+            )
+    monkeypatch.setattr(engine, "plan", dataclasses.replace(engine.plan, prefill_chunk=1000))
+    prompt = random_prompt(rng, 4096)
+    seq = engine.start([prompt], 1)
+    seq.logits = torch.full((1, engine.model.config.vocab_size), float("nan"))  # poisoned
+    steps = 0
+    try:
+        while not engine.prefill_step(seq):
+            steps += 1
+        logits = seq.logits
+    finally:
+        engine.release(seq)
+    n_kda = sum(1 for layer in engine.model.model.layers if not layer.is_mla)
+    assert steps + 1 == 5  # 4 chunks of 1000 and one of 96
+    assert sorted(calls) == sorted([1000] * 4 * n_kda + [96] * n_kda)
+    expected = engine.model(torch.tensor([prompt]))[:, -1]  # one pass, no cache
+    assert torch.isfinite(logits).all()
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-4 * expected.abs().max().item())
+
+
+def test_torch_kernel_is_chosen_on_the_cpu():
+    name, kernel = select_kda_kernel("auto", torch.device("cpu"))
+    assert (name, kernel) == ("torch", kda_chunked)
+    with pytest.raises(ValueError, match="fla KDA kernel needs"):
+        select_kda_kernel("fla", torch.device("cpu"))
+    with pytest.raises(ValueError, match="unknown KDA kernel"):
+        select_kda_kernel("triton", torch.device("cpu"))
+
+
+def test_the_kernel_check_accepts_the_reference_and_catches_a_wrong_kernel():
+    cpu = torch.device("cpu")
+    assert check_against_reference(kda_chunked, cpu) is None
+
+    def stale_state(q, k, v, g, beta, state):  # right outputs, state left behind
+        return kda_chunked(q, k, v, g, beta, state.clone())
+
+    def broken(*args):
+        raise RuntimeError("no kernel image for this device")
+
+    assert "relative error" in check_against_reference(stale_state, cpu)
+    assert check_against_reference(broken, cpu) == "RuntimeError: no kernel image for this device"
+
+
+def _kda_inputs(rng, device, batch=2, tokens=300, heads=4, dim=128):
+    def randn(*shape):
+        return torch.randn(*shape, generator=rng).to(device)
+
+    q = l2_normalize(randn(batch, tokens, heads, dim), 1e-6) * dim**-0.5
+    k = l2_normalize(randn(batch, tokens, heads, dim), 1e-6)
+    v = randn(batch, tokens, heads, dim)
+    g = -torch.rand(batch, tokens, heads, dim, generator=rng).to(device) * 0.5
+    beta = torch.rand(batch, tokens, heads, generator=rng).to(device)
+    state = randn(batch, heads, dim, dim) * 0.1
+    return q, k, v, g, beta, state
+
+
+@pytest.mark.gpu
+def test_fla_chunk_kda_matches_the_chunked_form(rng):
+    pytest.importorskip("fla.ops.kda")
+    q, k, v, g, beta, state = _kda_inputs(rng, "cuda")
+    ref_state, fla_state = state.clone(), state.clone()
+    expected = kda_chunked(q, k, v, g, beta, ref_state)
+    out = torch.full_like(expected, float("nan"))
+    out.copy_(fla_chunk_kda(q, k, v, g, beta, fla_state))
+    # fla's Triton dots run in TF32: agreement to ~1e-3 of the output scale
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(out, expected, rtol=0, atol=2e-3 * scale)
+    torch.testing.assert_close(fla_state, ref_state, rtol=0, atol=2e-3 * ref_state.abs().max().item())
+
+
+@pytest.mark.gpu
+def test_a_32k_prompt_prefills_under_its_planned_cap(rng):
+    """`small` at 32k tokens: the cap is set to the plan's own total, so the workspace estimate must
+    really bound the allocator's peak (the cap is enforced by the CUDA allocator)."""
+    probe = Engine.load(synthetic="small", device="cuda", max_context=32768, prefix_cache_gib=0)
+    plan = probe.plan
+    probe.close()
+    del probe
+    torch.cuda.empty_cache()
+    cap_gib = (plan.fixed_bytes + plan.cache_bytes_max_context) / (1 << 30)
+    engine = Engine.load(
+        synthetic="small", device="cuda", max_context=32768, prefix_cache_gib=0, memory_cap_gib=cap_gib
+    )
+    try:
+        vocab = engine.model.config.vocab_size
+        seq = engine.prefill([random_prompt(rng, 32768 - 1, vocab)], max_new_tokens=1)
+        assert torch.isfinite(seq.logits).all()
+        engine.release(seq)
+        assert torch.cuda.max_memory_allocated() <= cap_gib * (1 << 30)
+    finally:
+        engine.close()
