@@ -130,25 +130,10 @@ def build_receipt(
     return receipt
 
 
-def write_receipt(
-    suite: str,
-    name: str,
-    *,
-    config: dict,
-    samples: dict[str, list[float]],
-    units: dict[str, str],
-    derived: dict[str, float] | None = None,
-    notes: str = "",
-    memory: dict | None = None,
-    command: list[str] | None = None,
-    results_dir: Path | None = None,
-    hardware: dict | None = None,
-) -> Path:
-    """Build a receipt and write it under `results_dir` (default: the repository's results/)."""
-    receipt = build_receipt(
-        suite, name, config=config, samples=samples, units=units, derived=derived,
-        notes=notes, memory=memory, command=command, hardware=hardware,
-    )  # fmt: skip
+def write_receipt(suite: str, name: str, *, results_dir: Path | None = None, **fields) -> Path:
+    """Build a receipt (`build_receipt`'s fields: config, samples, units, derived, notes, memory, command,
+    hardware) and write it under `results_dir` (default: the repository's results/)."""
+    receipt = build_receipt(suite, name, **fields)
     path = Path(results_dir or RESULTS_DIR) / f"{receipt['id']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(orjson.dumps(receipt, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")

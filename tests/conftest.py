@@ -3,6 +3,9 @@
 - GPU-only tests (marked `gpu`) skip cleanly on a machine without CUDA.
 - Without CUDA, Triton kernels run in the interpreter. TRITON_INTERPRET must be set before triton is
   first imported anywhere, so it is set here, before any test module is collected.
+- One torch thread: the tests' tiny shapes are dominated by per-op overhead, which a second thread only
+  makes worse on a small shared machine (a 70-token tiny forward: 0.02 s with one thread, over a second
+  with two under load).
 """
 
 import os
@@ -13,6 +16,7 @@ import torch
 HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -12,16 +12,6 @@ from engine.synth import write_synthetic_checkpoint
 from tests.engine.reference_kimi import ReferenceKimi
 
 
-@pytest.fixture(scope="session", autouse=True)
-def single_thread():
-    """The tiny shapes are latency-bound: on the shared 2-core CI machine, intra-op threads only contend
-    (a 70-token forward took 1.3 s with 2 threads and 0.02 s with one)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     return write_synthetic_checkpoint(

@@ -8,15 +8,6 @@ import torch
 from engine.runtime import Engine
 
 
-@pytest.fixture(scope="session", autouse=True)
-def single_thread():
-    """Tiny shapes only contend on the shared 2-core machine (see tests/engine/conftest.py)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="session")
 def engine() -> Engine:
     """Prefix cache off: tests that want it build their own engine (hits would change what is measured)."""

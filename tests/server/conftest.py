@@ -3,18 +3,8 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.server.server_support import ServerThread, make_context
-
-
-@pytest.fixture(scope="session", autouse=True)
-def single_thread():
-    """Tiny shapes only contend on the shared 2-core machine (see tests/engine/conftest.py)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")
