@@ -4,25 +4,21 @@ from engine.quant.artifact import Artifact, ArtifactVerificationError, ExpertBan
 from engine.quant.budget import TokenBytes, decode_bytes_per_token
 from engine.quant.build import build_artifact
 from engine.quant.codec import LinearWeight, dequantize, pack_int4, quantize, unpack_int4
-from engine.quant.layout import REFERENCE_CONFIG, KimiDims, checkpoint_tensors
 from engine.quant.manifest import ArtifactError
 from engine.quant.plan import PLANS, Plan, make_plan
 from engine.quant.verify import VerifyReport, verify_artifact
 
 __all__ = [
     "PLANS",
-    "REFERENCE_CONFIG",
     "Artifact",
     "ArtifactError",
     "ArtifactVerificationError",
     "ExpertBank",
-    "KimiDims",
     "LinearWeight",
     "Plan",
     "TokenBytes",
     "VerifyReport",
     "build_artifact",
-    "checkpoint_tensors",
     "decode_bytes_per_token",
     "dequantize",
     "make_plan",

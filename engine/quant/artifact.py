@@ -18,10 +18,10 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine.progress import ProgressFactory, no_progress
 from engine.quant.codec import LinearWeight
 from engine.quant.manifest import ArtifactError, bank_name, read_manifest
 from engine.quant.plan import Plan
-from engine.quant.progress import ProgressFactory, no_progress
 from engine.quant.verify import verify_artifact
 
 

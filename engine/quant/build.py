@@ -17,9 +17,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from engine.model.checkpoint_spec import checkpoint_tensors
+from engine.model.config import ConfigError, KimiLinearConfig
+from engine.progress import ProgressFactory, no_progress
 from engine.quant.budget import stored_nbytes
 from engine.quant.codec import INT4_MAX, INT8_MAX, quantize
-from engine.quant.layout import KimiDims, checkpoint_tensors
 from engine.quant.manifest import (
     ARTIFACT_FORMAT,
     DTYPE_NAMES,
@@ -36,7 +38,6 @@ from engine.quant.manifest import (
     write_manifest,
 )
 from engine.quant.plan import Plan
-from engine.quant.progress import ProgressFactory, no_progress
 from engine.quant.source import INDEX_NAME, SourceCheckpoint
 
 # Expert projections in bank order, and the shared-expert tensor that joins each bank as its last slot.
@@ -168,7 +169,10 @@ def _check_layout(source: SourceCheckpoint) -> bool:
     config = source.config()
     if config is None:
         return False
-    expected = checkpoint_tensors(KimiDims.from_config(config))
+    try:
+        expected = {spec.name: spec for spec in checkpoint_tensors(KimiLinearConfig.from_hf_dict(config))}
+    except ConfigError as error:
+        raise ArtifactError(f"{source.directory / 'config.json'}: {error}") from error
     problems = [f"missing {n}" for n in expected if n not in source.specs]
     problems += [f"unexpected {n}" for n in source.specs if n not in expected]
     problems += [

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.quant.layout import TensorSpec
+from engine.model.checkpoint_spec import TensorSpec
 from engine.quant.manifest import SAFETENSORS_DTYPES, ArtifactError
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -55,7 +55,7 @@ class SourceCheckpoint:
                 if name in wanted:
                     sliced = handle.get_slice(name)
                     self.specs[name] = TensorSpec(
-                        tuple(sliced.get_shape()), SAFETENSORS_DTYPES[sliced.get_dtype()]
+                        name, tuple(sliced.get_shape()), SAFETENSORS_DTYPES[sliced.get_dtype()]
                     )
                     self.names.append(name)
 
