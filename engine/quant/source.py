@@ -40,9 +40,8 @@ class SourceCheckpoint:
         self.shards = sorted(set(weight_map.values()))
         self._stack = ExitStack()
         self._handles: dict[str, object] = {}
+        # In storage order (shard, then offset), so reading in this order stays sequential.
         self.specs: dict[str, TensorSpec] = {}
-        # Storage order (shard, then offset) keeps reads sequential.
-        self.names: list[str] = []
         for shard in self.shards:
             handle = self._handle(shard)
             wanted = {n for n, s in weight_map.items() if s == shard}
@@ -57,7 +56,6 @@ class SourceCheckpoint:
                     self.specs[name] = TensorSpec(
                         name, tuple(sliced.get_shape()), SAFETENSORS_DTYPES[sliced.get_dtype()]
                     )
-                    self.names.append(name)
 
     def _handle(self, shard: str):
         if shard not in self._handles:
