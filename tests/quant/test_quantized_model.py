@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from engine.kernels import KernelSelectionError, registry
+from engine.kernels.defaults import SHIPPED_DEFAULTS
 from engine.model import load_model
 from engine.model.presets import TINY
 from engine.quant import (
@@ -28,27 +29,13 @@ from engine.quant import (
     use_kernels,
 )
 from engine.synth import write_synthetic_checkpoint
+from tests.engine.cuda_graphs import assert_decode_replays_in_a_cuda_graph
 
 SEED = 7
 TOLERANCE = 1e-4  # x max |logit|
-TRITON = {
-    "w4a16_gemv": "triton",
-    "w8a16_gemv": "triton",
-    "w16a16_gemv": "triton",
-    "w4a16_grouped_gemv": "triton",
-    "w4a16_grouped_swiglu": "triton_fused",
-    "route_combine": "triton",
-}
+TRITON = SHIPPED_DEFAULTS["cuda"]  # run on the CPU in the interpreter
 # Two layers (KDA + dense MLP, then MLA + MoE) keep the interpreted Triton run to a few seconds.
 TWO_LAYERS = dataclasses.replace(TINY, num_hidden_layers=2, full_attn_layers=(1,))
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")
@@ -182,32 +169,11 @@ def test_packed_decode_step_replays_in_a_cuda_graph_with_the_shipped_kernels():
     model = synthetic_quantized_model(
         TINY, make_plan("default"), device="cuda", dtype=torch.bfloat16, seed=SEED
     )
-    assert kernel_variants(model)["w4a16_grouped_swiglu"] == "triton_fused"
-    assert "reference" not in kernel_variants(model).values()
-    tokens = _prompt(torch.Generator().manual_seed(13), 1, 10).cuda()
-    eager_cache, graph_cache, snapshot = (model.new_cache(16) for _ in range(3))
-    for cache in (eager_cache, graph_cache):
-        model.prefill(tokens, cache)
-    snapshot.copy_from(graph_cache)
-    token = tokens[:, -1]
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up (Triton compilation) outside the graph
-        model.decode_step(token, graph_cache)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph_cache.copy_from(snapshot)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        logits = model.decode_step(token, graph_cache)
-    graph_cache.copy_from(snapshot)
-    reference_cache = model.new_cache(16)
-    reference_cache.copy_from(snapshot)
-    for step in range(3):
-        graph.replay()
-        expected = model.decode_step(token, eager_cache)
-        torch.testing.assert_close(logits, expected, atol=1e-2, rtol=1e-2)
-        if step == 0:
-            first = logits.float().clone()
+    assert kernel_variants(model) == {op: TRITON[op] for op in kernel_variants(model)}
+    prompt = _prompt(torch.Generator().manual_seed(13), 1, 10).cuda()
+    first = assert_decode_replays_in_a_cuda_graph(model, prompt)[0].float()
     use_kernels(model, {op: "reference" for op in TRITON})
-    reference = model.decode_step(token, reference_cache).float()
+    cache = model.new_cache(12)
+    model.prefill(prompt, cache)
+    reference = model.decode_step(prompt[:, -1], cache).float()
     assert (reference - first).abs().max() < 0.05 * reference.abs().max()
