@@ -25,7 +25,10 @@ def weight_bytes_per_token(model: KimiLinearForCausalLM) -> dict[str, int]:
         parts[component] = parts.get(component, 0) + size
 
     for module_name, module in model.named_modules():
-        for tensor_name, tensor in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+        for tensor_name, tensor in [
+            *module.named_parameters(recurse=False),
+            *module.named_buffers(recurse=False),
+        ]:
             size = tensor.numel() * tensor.element_size()
             if isinstance(module, PackedExpertBank):
                 per_slot = size // module.slots
