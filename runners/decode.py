@@ -1,9 +1,12 @@
 """`python -m runners decode`: engine decode and prefill throughput against the bandwidth roofline.
 
 For each (context length, batch): prefill a seeded random prompt (timed: time to first token), then
-decode greedily, timing every step; repeated. One receipt per (model, context, batch), holding the raw
-per-token step times, tokens/s per repeat, TTFT, the measured copy bandwidth, the bytes a step must read
-(counted from the loaded tensors) and the fraction of the roofline reached. Method: docs/METHODS.md.
+decode greedily, timing every step; repeated. One receipt per (model, kernel selection, context, batch),
+holding the raw per-token step times, tokens/s per repeat, TTFT, the measured copy bandwidth, the bytes a
+step must read (counted from the loaded tensors) and the fraction of the roofline reached. With
+`--quant PLAN` the synthetic model is quantised in memory and its packed weights run through the kernel
+registry; each `--kernels` selection is measured on the same model, and the receipt records the variant
+actually bound for every operation. Method: docs/METHODS.md.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from pathlib import Path
 import click
 import torch
 
+from engine.kernels import DEFAULT_SELECTION, KernelSelectionError, KernelUnavailable, named_choices, resolve
 from engine.model import KimiLinearForCausalLM, preset
+from engine.progress import stderr_progress
+from engine.quant import PLANS, make_plan, synthetic_quantized_model, use_kernels
 from engine.synth import init_synthetic_weights
 from harness.caps import MemoryCap
 from harness.receipt import RESULTS_DIR, write_receipt
@@ -24,6 +30,7 @@ from runners.regenerate import regenerate
 from runners.roofline import state_bytes_per_token, weight_bytes_per_token
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+NO_QUANT = "none"
 
 
 def build_synthetic(name: str, device: str, dtype: torch.dtype, seed: int) -> KimiLinearForCausalLM:
@@ -33,6 +40,16 @@ def build_synthetic(name: str, device: str, dtype: torch.dtype, seed: int) -> Ki
     model = model.to_empty(device=device)
     init_synthetic_weights(model, seed)
     return model.eval()
+
+
+def build_synthetic_quantized(
+    name: str, device: str, dtype: torch.dtype, seed: int, plan: str
+) -> KimiLinearForCausalLM:
+    """The synthetic model quantised by `plan` on the device, tensor by tensor (the dense model never
+    exists, so the full shapes fit); kernels are bound later, per selection."""
+    return synthetic_quantized_model(
+        preset(name), make_plan(plan), device=device, dtype=dtype, seed=seed, progress=stderr_progress
+    )
 
 
 def _sync(device: str) -> None:
@@ -118,6 +135,22 @@ def _ints(text: str) -> list[int]:
 )
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
 @click.option(
+    "--quant",
+    type=click.Choice([NO_QUANT, *PLANS]),
+    default=None,
+    help="Quantise the synthetic model in memory with this plan (docs/INT4.md) and run it through the kernel "
+    f"registry. Default: {NO_QUANT} on the CPU, default on a GPU.",
+)
+@click.option(
+    "--kernels",
+    "kernel_selections",
+    default=DEFAULT_SELECTION,
+    show_default=True,
+    help="Kernel selections to compare on the same quantised model, comma-separated: 'default' (KIMI_KERNELS, "
+    "then the shipped defaults) or a variant name such as 'reference' or 'triton' (used for every "
+    "operation that has it). Needs --quant.",
+)
+@click.option(
     "--memory-cap-gib",
     type=float,
     default=None,
@@ -134,8 +167,8 @@ def _ints(text: str) -> list[int]:
 @click.option("--seed", default=0, show_default=True)
 @click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
-def decode_command(synthetic, device, dtype, contexts, batches, gen_tokens, repeats, memory_cap_gib, threads, seed,
-                   results, no_regenerate) -> None:  # fmt: skip
+def decode_command(synthetic, device, dtype, contexts, batches, gen_tokens, repeats, quant, kernel_selections,
+                   memory_cap_gib, threads, seed, results, no_regenerate) -> None:  # fmt: skip
     """Decode tokens/s and TTFT per context length, with the bandwidth roofline, as receipts."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.startswith("cuda")
@@ -147,21 +180,33 @@ def decode_command(synthetic, device, dtype, contexts, batches, gen_tokens, repe
     batch_list = _ints(batches)
     gen_tokens = gen_tokens or (64 if on_gpu else 32)
     cap = memory_cap_gib if memory_cap_gib is not None else (32.0 if on_gpu else 16.0)
+    quant = quant or ("default" if on_gpu else NO_QUANT)
+    selections = _kernel_selections(kernel_selections, quant, device)
 
     if not on_gpu:
         torch.set_num_threads(threads or 1)
-    click.echo(f"building synthetic '{synthetic}' ({dtype_name}) on {device} ...", err=True)
-    model = build_synthetic(synthetic, device, DTYPES[dtype_name], seed)
+    click.echo(f"building synthetic '{synthetic}' ({dtype_name}, quant {quant}) on {device} ...", err=True)
+    if quant == NO_QUANT:
+        model = build_synthetic(synthetic, device, DTYPES[dtype_name], seed)
+    else:
+        model = build_synthetic_quantized(synthetic, device, DTYPES[dtype_name], seed, quant)
     click.echo("measuring copy bandwidth ...", err=True)
     copy = copy_bandwidth_gbs(device)
     weights = weight_bytes_per_token(model)
 
-    plan = [(c, b) for c in context_list for b in batch_list]
+    plan = [(k, c, b) for k in selections for c in context_list for b in batch_list]
     written = []
     with click.progressbar(
-        plan, label="decode", item_show_func=lambda p: p and f"ctx {p[0]} batch {p[1]}"
+        plan, label="decode", item_show_func=lambda p: p and f"kernels {p[0]} ctx {p[1]} batch {p[2]}"
     ) as bar:
-        for context, batch in bar:
+        bound = None
+        for selection, context, batch in bar:
+            if selection != bound:  # bind once per selection; the modules then call the kernels directly
+                variants = {} if quant == NO_QUANT else use_kernels(model, named_choices(selection))
+                bound = selection
+            name = f"synthetic-{synthetic}.{dtype_name}"
+            if quant != NO_QUANT:
+                name += f".plan-{quant}.kernels-{selection}"
             samples: dict[str, list[float]] = {}
             with MemoryCap(cap, device=device) as mem:
                 measure(model, context, batch, min(gen_tokens, 4), device, seed)  # warm-up, untimed
@@ -177,7 +222,7 @@ def decode_command(synthetic, device, dtype, contexts, batches, gen_tokens, repe
             written.append(
                 write_receipt(
                     "decode",
-                    f"synthetic-{synthetic}.{dtype_name}.ctx{context}.b{batch}",
+                    f"{name}.ctx{context}.b{batch}",
                     config={
                         "model": f"synthetic-{synthetic}",
                         "weights": "synthetic weights",
@@ -188,6 +233,10 @@ def decode_command(synthetic, device, dtype, contexts, batches, gen_tokens, repe
                         "gen_tokens": gen_tokens,
                         "repeats": repeats,
                         "seed": seed,
+                        "quant": quant,
+                        "plan": None if quant == NO_QUANT else make_plan(quant).to_json(),
+                        "kernels": None if quant == NO_QUANT else selection,
+                        "kernel_variants": variants,
                         "decode": "eager decode_step, greedy argmax",
                         "bytes_per_token_components": weights | state,
                     },  # fmt: skip
@@ -210,3 +259,20 @@ def decode_command(synthetic, device, dtype, contexts, batches, gen_tokens, repe
         click.echo(f"wrote {path}")
     if not no_regenerate:
         regenerate(results)
+
+
+def _kernel_selections(text: str, quant: str, device: str) -> list[str]:
+    """The comma-separated selections, each checked to resolve on the device before anything is measured."""
+    selections = [s.strip() for s in text.split(",") if s.strip()]
+    if not selections:
+        raise click.BadParameter("name at least one kernel selection", param_hint="--kernels")
+    if quant == NO_QUANT and selections != [DEFAULT_SELECTION]:
+        raise click.BadParameter(
+            "kernel selections apply to a quantised model; add --quant PLAN", param_hint="--kernels"
+        )
+    for selection in selections:
+        try:
+            resolve(device, named_choices(selection))
+        except (KernelSelectionError, KernelUnavailable) as error:
+            raise click.BadParameter(str(error), param_hint="--kernels") from None
+    return selections

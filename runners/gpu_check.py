@@ -35,7 +35,7 @@ from engine.kernels.defaults import SHIPPED_DEFAULTS
 from engine.kernels.shapes import EDGE_SHAPES, kimi_shapes
 from engine.kernels.traffic import op_bytes
 from engine.kernels.triton_gemv import LaunchConfig
-from engine.quant.layout import REFERENCE_CONFIG
+from engine.model import KimiLinearConfig, preset
 
 COPY_BYTES = 2**30
 ROTATION_MIN, ROTATION_MAX = 2, 64
@@ -71,7 +71,12 @@ class Measurement:
 
 
 def plan(
-    config: dict, group: int, batches: tuple[int, ...], ops: list[str] | None, *, sweep: bool = False
+    config: KimiLinearConfig,
+    group: int,
+    batches: tuple[int, ...],
+    ops: list[str] | None,
+    *,
+    sweep: bool = False,
 ) -> tuple[dict, list[Measurement]]:
     """The equivalence shapes per op (edge + full size) and the timed measurements (full size, fast
     variants; with ``sweep`` also the SWEEP launch configurations at batch 1)."""
@@ -181,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the plan and exit; needs no GPU")
     args = parser.parse_args(argv)
 
-    config = json.loads(args.config.read_text()) if args.config else REFERENCE_CONFIG
+    config = KimiLinearConfig.from_file(args.config) if args.config else preset("full")
     batches = tuple(int(b) for b in args.batches.split(","))
     ops = args.ops.split(",") if args.ops else None
     checks, timed = plan(config, args.group_size, batches, ops, sweep=args.sweep)

@@ -8,6 +8,7 @@ w4a16_grouped_gemv, w4a16_grouped_swiglu, route_combine. ``linear(x, weight)`` d
 from engine.kernels import reference, variants  # noqa: F401  (define the operations, register variants)
 from engine.kernels.linear import GEMV_FOR_FORMAT, linear, linear_fn
 from engine.kernels.registry import (
+    DEFAULT_SELECTION,
     ENV_VAR,
     KernelSelectionError,
     KernelUnavailable,
@@ -15,12 +16,15 @@ from engine.kernels.registry import (
     Variant,
     env_selection,
     get,
+    named_choices,
     operations,
+    resolve,
     select,
     unavailable_reason,
 )
 
 __all__ = [
+    "DEFAULT_SELECTION",
     "ENV_VAR",
     "GEMV_FOR_FORMAT",
     "KernelSelectionError",
@@ -31,7 +35,9 @@ __all__ = [
     "get",
     "linear",
     "linear_fn",
+    "named_choices",
     "operations",
+    "resolve",
     "select",
     "unavailable_reason",
 ]

@@ -160,3 +160,29 @@ def select(op: str, variant_name: str | None = None, device: torch.device | str 
 def get(op: str, variant_name: str | None = None, device: torch.device | str | None = None) -> Callable:
     """The function implementing ``op`` on ``device`` (see :func:`select`). Resolve once, outside hot loops."""
     return select(op, variant_name, device).variant.fn
+
+
+def resolve(device: torch.device | str | None, choices: dict[str, str] | None = None) -> dict[str, Selection]:
+    """Every operation's selection on ``device``: ``choices`` (op -> variant) where given, otherwise as
+    :func:`select` decides. For a model load: resolve once, bind the functions, call them directly."""
+    choices = choices or {}
+    for op, name in choices.items():
+        variant(op, name)  # validates both names
+    return {op: select(op, choices.get(op), device) for op in _OPERATIONS}
+
+
+DEFAULT_SELECTION = "default"
+
+
+def named_choices(name: str) -> dict[str, str]:
+    """Per-operation choices for a selection name: ``default`` (KIMI_KERNELS, then the shipped defaults) or a
+    variant name, used for every operation that has a variant of that name (the others as ``default``)."""
+    if name == DEFAULT_SELECTION:
+        return {}
+    chosen = {op: name for op, operation in _OPERATIONS.items() if name in operation.variants}
+    if not chosen:
+        known = sorted({v for operation in _OPERATIONS.values() for v in operation.variants})
+        raise KernelSelectionError(
+            f"no operation has a variant named {name!r}; use {DEFAULT_SELECTION!r} or one of {', '.join(known)}"
+        )
+    return chosen

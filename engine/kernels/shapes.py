@@ -1,39 +1,40 @@
 """Shape tables: every decode GEMV of a Kimi-Linear config at full size, and small odd edge shapes.
 
-Full shapes come from the HF config (engine/quant/layout.py), so they follow the checkpoint rather
-than constants; edge shapes are deliberately not multiples of any block size.
+Full shapes come from the model configuration (engine/model/config.py), so they follow the checkpoint
+rather than constants; edge shapes are deliberately not multiples of any block size.
 """
 
 from __future__ import annotations
 
-from engine.quant.layout import KimiDims
+from engine.model.config import KimiLinearConfig
 
 
-def kimi_shapes(config: dict, *, group: int = 32, batches: tuple[int, ...] = (1,)) -> dict[str, list[dict]]:
+def kimi_shapes(
+    cfg: KimiLinearConfig, *, group: int = 32, batches: tuple[int, ...] = (1,)
+) -> dict[str, list[dict]]:
     """Named full-size shapes per operation for batch sizes ``batches``.
 
     Grouped ops read a bank of routed + shared experts through ``top-k + shared`` slots per token.
     """
-    d = KimiDims.from_config(config)
-    h = d.hidden_size
-    kda = d.kda_heads * d.kda_head_dim
-    mla_q = d.mla_heads * (d.qk_nope_head_dim + d.qk_rope_head_dim)
-    mla_kv = d.mla_heads * (d.qk_nope_head_dim + d.v_head_dim)
-    mla_o = d.mla_heads * d.v_head_dim
+    h = cfg.hidden_size
+    kda = cfg.kda_dim
+    mla_q = cfg.num_attention_heads * cfg.qk_head_dim
+    mla_kv = cfg.num_attention_heads * (cfg.qk_nope_head_dim + cfg.v_head_dim)
+    mla_o = cfg.num_attention_heads * cfg.v_head_dim
     dense = {
         "kda_qkv": (kda, h),
         "kda_o": (h, kda),
         "mla_q": (mla_q, h),
-        "mla_kv_b": (mla_kv, d.kv_lora_rank),
+        "mla_kv_b": (mla_kv, cfg.kv_lora_rank),
         "mla_o": (h, mla_o),
-        "mlp_gate_up": (d.intermediate_size, h),
-        "mlp_down": (h, d.intermediate_size),
-        "lm_head": (d.vocab_size, h),
+        "mlp_gate_up": (cfg.intermediate_size, h),
+        "mlp_down": (h, cfg.intermediate_size),
+        "lm_head": (cfg.vocab_size, h),
     }
-    shared_in_bank = 1 if d.num_shared_experts == 1 else 0
-    experts = d.num_experts + shared_in_bank
-    slots = d.experts_per_token + shared_in_bank
-    m = d.moe_intermediate_size
+    shared_in_bank = 1 if cfg.num_shared_experts == 1 else 0
+    experts = cfg.num_experts + shared_in_bank
+    slots = cfg.num_experts_per_token + shared_in_bank
+    m = cfg.moe_intermediate_size
     tables: dict[str, list[dict]] = {op: [] for op in _OPS}
     for b in batches:
         for name, (n, k) in dense.items():
@@ -41,7 +42,7 @@ def kimi_shapes(config: dict, *, group: int = 32, batches: tuple[int, ...] = (1,
             tables["w4a16_gemv"].append(
                 {"name": f"{name}_B{b}", "B": b, "N": n, "K": k, "group": group, "out": out}
             )
-        head = {"name": f"lm_head_B{b}", "B": b, "N": d.vocab_size, "K": h, "group": group, "out": "fp32"}
+        head = {"name": f"lm_head_B{b}", "B": b, "N": cfg.vocab_size, "K": h, "group": group, "out": "fp32"}
         tables["w8a16_gemv"].append(head)
         tables["w16a16_gemv"].append({k: v for k, v in head.items() if k != "group"})
         bank = {"B": b, "S": slots, "E": experts, "group": group}

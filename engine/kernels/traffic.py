@@ -7,17 +7,19 @@ partials and repeated reads are not counted: they are the kernel's overhead, not
 
 from __future__ import annotations
 
+import torch
+
+from engine.quant.codec import quantized_nbytes
+
 ACTIVATION_BYTES = 2  # BF16
-SCALE_BYTES = 2  # BF16
 _OUT_BYTES = {"bf16": 2, "fp32": 4}
 
 
 def weight_bytes(fmt: str, n: int, k: int, group: int | None) -> int:
     """Stored bytes of one ``[n, k]`` weight in ``fmt`` (``int4``, ``int8`` or ``dense`` BF16)."""
     if fmt == "dense":
-        return n * k * 2
-    codes = n * k // 2 if fmt == "int4" else n * k
-    return codes + n * (k // group) * SCALE_BYTES
+        return n * k * ACTIVATION_BYTES
+    return quantized_nbytes((n, k), fmt, group, torch.bfloat16)
 
 
 def op_bytes(op: str, shape: dict, *, unique_experts: int | None = None) -> int:

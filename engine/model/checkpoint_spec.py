@@ -1,7 +1,7 @@
 """The Hugging Face checkpoint's tensor names, shapes and dtypes for a configuration.
 
 The single source of truth for what a checkpoint holds: the loader validates against it, the synthetic
-writer writes it, and the GGUF exporter reads it.
+writer writes it, the GGUF exporter reads it, and the quantiser (engine/quant) plans and checks with it.
 """
 
 from __future__ import annotations
@@ -20,11 +20,15 @@ class TensorSpec:
     dtype: torch.dtype  # the dtype the real checkpoint stores
 
     @property
-    def nbytes(self) -> int:
+    def numel(self) -> int:
         n = 1
         for d in self.shape:
             n *= d
-        return n * self.dtype.itemsize
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.dtype.itemsize
 
 
 EXPERT_PROJECTIONS = ("w1", "w2", "w3")  # w1 = gate, w3 = up, w2 = down

@@ -76,13 +76,14 @@ class KimiLinearForCausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype, device=device)
         self.requires_grad_(False)
 
+    # Read from the embedding, which every weight format keeps dense: the head may be a packed module.
     @property
     def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
+        return self.model.embed_tokens.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.lm_head.weight.device
+        return self.model.embed_tokens.weight.device
 
     def new_cache(self, max_len: int, *, batch_size: int = 1) -> SequenceCache:
         return SequenceCache(

@@ -10,6 +10,8 @@ docs/ENGINE.md for Moonshot's remote code, which differs):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -64,7 +66,7 @@ def expert_ffn(
     n_tokens, top_k = expert_ids.shape
     if n_tokens * top_k < w1.shape[0]:
         return _expert_ffn_gathered(x, expert_ids, expert_weights, w1, w3, w2)
-    return _expert_ffn_grouped(x, expert_ids, expert_weights, w1, w3, w2)
+    return grouped_expert_ffn(x, expert_ids, expert_weights, w1.shape[0], lambda e: (w1[e], w3[e], w2[e]))
 
 
 def _expert_ffn_gathered(x, expert_ids, expert_weights, w1, w3, w2):
@@ -76,20 +78,30 @@ def _expert_ffn_gathered(x, expert_ids, expert_weights, w1, w3, w2):
     return (out.float() * expert_weights.unsqueeze(-1)).sum(1).to(x.dtype)
 
 
-def _expert_ffn_grouped(x, expert_ids, expert_weights, w1, w3, w2):
+def grouped_expert_ffn(
+    x: torch.Tensor,
+    expert_ids: torch.Tensor,
+    expert_weights: torch.Tensor,
+    num_experts: int,
+    expert_matrices: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+) -> torch.Tensor:
+    """The many-token form of `expert_ffn`: assignments sorted by expert, one matmul per expert that has
+    tokens. `expert_matrices(e)` returns expert e's dense (w1, w3, w2); a packed bank dequantises there.
+    Reads the per-expert counts on the host (a sync), so it is for prefill, not a captured decode step."""
     n_tokens, top_k = expert_ids.shape
     flat_ids = expert_ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)
     token_of = order // top_k
-    counts = torch.bincount(flat_ids, minlength=w1.shape[0]).tolist()
+    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
     xs = x[token_of]
     out = torch.empty(order.numel(), x.shape[-1], dtype=torch.float32, device=x.device)
     begin = 0
     for expert, count in enumerate(counts):
         if count:
+            w1, w3, w2 = expert_matrices(expert)
             rows = xs[begin : begin + count]
-            hidden = F.silu(F.linear(rows, w1[expert])) * F.linear(rows, w3[expert])
-            out[begin : begin + count] = F.linear(hidden, w2[expert]).float()
+            hidden = F.silu(F.linear(rows, w1)) * F.linear(rows, w3)
+            out[begin : begin + count] = F.linear(hidden, w2).float()
             begin += count
     out *= expert_weights.reshape(-1)[order].unsqueeze(-1)
     total = torch.zeros(n_tokens, x.shape[-1], dtype=torch.float32, device=x.device)

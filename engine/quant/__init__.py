@@ -1,33 +1,47 @@
-"""Selective INT4 quantisation: codec, plans, artifact builder, verifier and loader (docs/INT4.md)."""
+"""Selective INT4 quantisation: codec, plans, artifact builder, verifier, loader, and the model built from
+stored weights with the registry's kernels (docs/INT4.md)."""
 
 from engine.quant.artifact import Artifact, ArtifactVerificationError, ExpertBank
 from engine.quant.budget import TokenBytes, decode_bytes_per_token
 from engine.quant.build import build_artifact
 from engine.quant.codec import LinearWeight, dequantize, pack_int4, quantize, unpack_int4
-from engine.quant.layout import REFERENCE_CONFIG, KimiDims, checkpoint_tensors
 from engine.quant.manifest import ArtifactError
+from engine.quant.packed import PackedExpertBank, PackedLinear
 from engine.quant.plan import PLANS, Plan, make_plan
+from engine.quant.quantized_model import (
+    kernel_variants,
+    load_dequantized_model,
+    load_quantized_model,
+    quantize_model,
+    synthetic_quantized_model,
+    use_kernels,
+)
 from engine.quant.verify import VerifyReport, verify_artifact
 
 __all__ = [
     "PLANS",
-    "REFERENCE_CONFIG",
     "Artifact",
     "ArtifactError",
     "ArtifactVerificationError",
     "ExpertBank",
-    "KimiDims",
     "LinearWeight",
+    "PackedExpertBank",
+    "PackedLinear",
     "Plan",
     "TokenBytes",
     "VerifyReport",
     "build_artifact",
-    "checkpoint_tensors",
     "decode_bytes_per_token",
     "dequantize",
+    "kernel_variants",
+    "load_dequantized_model",
+    "load_quantized_model",
     "make_plan",
     "pack_int4",
     "quantize",
+    "quantize_model",
+    "synthetic_quantized_model",
     "unpack_int4",
+    "use_kernels",
     "verify_artifact",
 ]

@@ -18,10 +18,11 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine.progress import ProgressFactory, no_progress
+from engine.quant.build import Unit
 from engine.quant.codec import LinearWeight
 from engine.quant.manifest import ArtifactError, bank_name, read_manifest
 from engine.quant.plan import Plan
-from engine.quant.progress import ProgressFactory, no_progress
 from engine.quant.verify import verify_artifact
 
 
@@ -79,39 +80,47 @@ class Artifact:
         except KeyError:
             raise ArtifactError(f"artifact has no tensor {name!r}") from None
 
-    def _parts(self, name: str, device: torch.device | str) -> tuple[dict, dict[str, torch.Tensor]]:
+    def units(self) -> list[Unit]:
+        """Every logical tensor with the source tensors it was made from, in storage order."""
+        return [self.unit(name) for name in self.manifest["tensors"]]
+
+    def unit(self, name: str) -> Unit:
         entry = self.entry(name)
+        return Unit(name, entry["kind"], entry["class"], entry["precision"], tuple(entry["sources"]))
+
+    def parts(self, unit: Unit, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+        """The stored parts of a unit: ``codes`` + ``scales``, or one ``tensor``."""
         parts = {}
-        for part, record in entry["parts"].items():
+        for part, record in self.entry(unit.name)["parts"].items():
             with safe_open(self.directory / record["shard"], "pt", device=str(device)) as f:
                 parts[part] = f.get_tensor(record["key"])
-        return entry, parts
+        return parts
 
     def tensor(self, name: str, device: torch.device | str = "cpu") -> torch.Tensor:
         """A tensor stored unquantised (norms, router, KDA controls, embedding, a BF16 head, ...)."""
-        entry, parts = self._parts(name, device)
+        unit = self.unit(name)
+        parts = self.parts(unit, device)
         if "tensor" not in parts:
-            raise ArtifactError(f"{name} is stored as {entry['precision']}; use linear()")
+            raise ArtifactError(f"{name} is stored as {unit.precision}; use linear()")
         return parts["tensor"]
 
     def linear(self, name: str, device: torch.device | str = "cpu") -> LinearWeight:
         """A 2-D weight in its stored format: ``int4``/``int8`` codes + scales, or ``dense``."""
-        entry, parts = self._parts(name, device)
-        if entry["kind"] == "expert_bank":
+        unit = self.unit(name)
+        if unit.kind == "expert_bank":
             raise ArtifactError(f"{name} is an expert bank; use expert_bank()")
-        if "tensor" in parts:
-            return LinearWeight("dense", parts["tensor"])
-        return LinearWeight(entry["precision"], parts["codes"], parts["scales"], entry["group_size"])
+        return stored_weight(unit, self.parts(unit, device), self.plan)
 
     def expert_bank(self, layer: int, projection: str, device: torch.device | str = "cpu") -> ExpertBank:
         """The stacked ``w1`` (gate), ``w3`` (up) or ``w2`` (down) bank of an MoE layer."""
-        name = bank_name(layer, projection)
-        entry, parts = self._parts(name, device)
-        sources = entry["sources"]
-        routed = sum(".experts." in s for s in sources)
-        shared = routed if len(sources) > routed else None
-        if "tensor" in parts:
-            weight = LinearWeight("dense", parts["tensor"])
-        else:
-            weight = LinearWeight(entry["precision"], parts["codes"], parts["scales"], entry["group_size"])
-        return ExpertBank(weight, routed, shared)
+        unit = self.unit(bank_name(layer, projection))
+        weight = stored_weight(unit, self.parts(unit, device), self.plan)
+        shared = unit.shared_slot
+        return ExpertBank(weight, len(unit.sources) - (shared is not None), shared)
+
+
+def stored_weight(unit: Unit, parts: dict[str, torch.Tensor], plan: Plan) -> LinearWeight:
+    """A unit's stored parts as a weight: ``dense`` for a stored tensor, else codes + scales."""
+    if "tensor" in parts:
+        return LinearWeight("dense", parts["tensor"])
+    return LinearWeight(unit.precision, parts["codes"], parts["scales"], plan.group_size)

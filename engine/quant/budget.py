@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.model.checkpoint_spec import TensorSpec, checkpoint_tensors
+from engine.model.config import KimiLinearConfig
 from engine.quant.codec import quantized_nbytes
-from engine.quant.layout import KimiDims, TensorSpec, checkpoint_tensors
 from engine.quant.plan import Plan
 
 
@@ -40,7 +41,7 @@ def stored_nbytes(spec: TensorSpec, precision: str, plan: Plan) -> int:
 
 
 def decode_bytes_per_token(
-    config: dict,
+    cfg: KimiLinearConfig,
     plan: Plan,
     *,
     context_tokens: int = 0,
@@ -50,28 +51,25 @@ def decode_bytes_per_token(
 ) -> TokenBytes:
     """Bytes read (and, for state, written) per decoded token at batch 1.
 
-    ``config`` is a HF ``config.json`` dict. ``context_tokens`` is how many tokens the MLA layers attend
-    over (a latent cache of ``kv_lora_rank + qk_rope_head_dim`` elements per token and layer, ``cache_bytes``
-    each). ``state_bytes`` / ``conv_state_bytes`` are the element sizes of the KDA recurrent state (FP32)
+    ``context_tokens`` is how many tokens the MLA layers attend over (a latent cache of
+    ``kv_lora_rank + qk_rope_head_dim`` elements per token and layer, ``cache_bytes`` each). ``state_bytes`` / ``conv_state_bytes`` are the element sizes of the KDA recurrent state (FP32)
     and of the short-convolution windows.
     """
-    dims = KimiDims.from_config(config)
     components: dict[str, int] = {}
-    for name, spec in checkpoint_tensors(dims).items():
-        decision = plan.decide(name, spec.shape)
+    for spec in checkpoint_tensors(cfg):
+        decision = plan.decide(spec.name, spec.shape)
         stored = stored_nbytes(spec, decision.precision, plan)
         if decision.tensor_class == "routed_expert":
-            stored = stored * dims.experts_per_token // dims.num_experts
+            stored = stored * cfg.num_experts_per_token // cfg.num_experts
         elif decision.tensor_class == "embedding":
-            stored //= dims.vocab_size
+            stored //= cfg.vocab_size
         components[decision.tensor_class] = components.get(decision.tensor_class, 0) + stored
 
-    kda_layers = len(dims.kda_layers)
-    width = dims.kda_heads * dims.kda_head_dim
+    kda_layers = len(cfg.kda_layers)
     # Read and written once per step.
-    components["state:kda_recurrent"] = 2 * kda_layers * dims.kda_heads * dims.kda_head_dim**2 * state_bytes
-    components["state:kda_conv"] = 2 * kda_layers * 3 * width * dims.conv_size * conv_state_bytes
-    latent = dims.kv_lora_rank + dims.qk_rope_head_dim
+    components["state:kda_recurrent"] = 2 * kda_layers * cfg.kda_num_heads * cfg.kda_head_dim**2 * state_bytes
+    components["state:kda_conv"] = 2 * kda_layers * 3 * cfg.kda_dim * cfg.conv_kernel_size * conv_state_bytes
+    latent = cfg.kv_lora_rank + cfg.qk_rope_head_dim
     # Attend over the context, then append the new token's latent.
-    components["state:mla_cache"] = len(dims.mla_layers) * (context_tokens + 1) * latent * cache_bytes
+    components["state:mla_cache"] = len(cfg.full_attn_layers) * (context_tokens + 1) * latent * cache_bytes
     return TokenBytes(components)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -17,9 +17,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from engine.model.checkpoint_spec import TensorSpec, checkpoint_tensors
+from engine.model.config import ConfigError, KimiLinearConfig
+from engine.progress import ProgressFactory, no_progress
 from engine.quant.budget import stored_nbytes
 from engine.quant.codec import INT4_MAX, INT8_MAX, quantize
-from engine.quant.layout import KimiDims, checkpoint_tensors
 from engine.quant.manifest import (
     ARTIFACT_FORMAT,
     DTYPE_NAMES,
@@ -36,7 +38,6 @@ from engine.quant.manifest import (
     write_manifest,
 )
 from engine.quant.plan import Plan
-from engine.quant.progress import ProgressFactory, no_progress
 from engine.quant.source import INDEX_NAME, SourceCheckpoint
 
 # Expert projections in bank order, and the shared-expert tensor that joins each bank as its last slot.
@@ -55,17 +56,24 @@ class Unit:
     precision: str
     sources: tuple[str, ...]
 
+    @property
+    def shared_slot(self) -> int | None:
+        """For an expert bank: the slot holding the layer's shared expert (the last one), or None."""
+        routed = sum(bool(_EXPERT.match(s)) for s in self.sources)
+        return routed if len(self.sources) > routed else None
 
-def plan_units(source: SourceCheckpoint, plan: Plan) -> list[Unit]:
-    """Decide every source tensor (refusing unknown names) and group routed experts into per-layer banks.
+
+def plan_units(specs: dict[str, TensorSpec], plan: Plan) -> list[Unit]:
+    """Decide every tensor of ``specs`` (refusing unknown names) and group routed experts into per-layer
+    banks; units come in the order of ``specs`` (storage order, so reads stay sequential).
 
     A layer's shared expert joins its banks as the last slot when it has the routed experts' shape and
     precision, so one grouped GEMV over a route table covers both.
     """
-    decisions = {name: plan.decide(name, spec.shape) for name, spec in source.specs.items()}
+    decisions = {name: plan.decide(name, spec.shape) for name, spec in specs.items()}
     experts: dict[tuple[int, str], dict[int, str]] = {}
     shared: dict[tuple[int, str], str] = {}
-    for name in source.names:
+    for name in specs:
         if match := _EXPERT.match(name):
             experts.setdefault((int(match[1]), match[3]), {})[int(match[2])] = name
         elif match := _SHARED.match(name):
@@ -79,11 +87,11 @@ def plan_units(source: SourceCheckpoint, plan: Plan) -> list[Unit]:
             raise ArtifactError(f"layer {layer} {projection}: expert indices are not 0..{len(by_index) - 1}")
         slots = [by_index[e] for e in range(len(by_index))]
         first = decisions[slots[0]]
-        shapes = {source.specs[s].shape for s in slots}
+        shapes = {specs[s].shape for s in slots}
         if len(shapes) != 1 or len({decisions[s].precision for s in slots}) != 1:
             raise ArtifactError(f"layer {layer} {projection}: experts differ in shape or precision")
         extra = shared.get((layer, projection))
-        if extra and decisions[extra].precision == first.precision and source.specs[extra].shape in shapes:
+        if extra and decisions[extra].precision == first.precision and specs[extra].shape in shapes:
             slots.append(extra)
         banked.update(slots)
         unit = Unit(
@@ -92,7 +100,7 @@ def plan_units(source: SourceCheckpoint, plan: Plan) -> list[Unit]:
         banks.setdefault(layer, {})[projection] = unit
 
     units: list[Unit] = []
-    for name in source.names:
+    for name in specs:
         if name in banked:
             # A layer's banks are emitted where its first expert tensor is stored.
             layer = int((_EXPERT.match(name) or _SHARED.match(name))[1])
@@ -136,31 +144,45 @@ class _ShardWriter:
         self.pending, self.pending_bytes = {}, 0
 
 
-def _encode(tensor: torch.Tensor, precision: str, plan: Plan, device: str) -> dict[str, torch.Tensor]:
-    """The stored parts (``codes``/``scales`` or ``tensor``) of one source tensor."""
+def _encode(tensor: torch.Tensor, precision: str, plan: Plan) -> dict[str, torch.Tensor]:
+    """The stored parts (``codes``/``scales`` or ``tensor``) of one source tensor, on its device."""
     if precision in ("int4", "int8"):
-        weight = quantize(tensor.to(device), precision, plan.group_size, plan.scale_torch_dtype)
-        return {"codes": weight.data.cpu(), "scales": weight.scales.cpu()}
+        weight = quantize(tensor, precision, plan.group_size, plan.scale_torch_dtype)
+        return {"codes": weight.data, "scales": weight.scales}
     if precision == "bf16":
         return {"tensor": tensor.to(torch.bfloat16)}
     return {"tensor": tensor}
 
 
-def _materialise(unit: Unit, source: SourceCheckpoint, plan: Plan, device: str) -> tuple[dict, list[str]]:
-    """Stored parts of a unit (banks stacked along a new leading slot axis) and its source hashes."""
-    hashes: list[str] = []
+def encode_unit(
+    unit: Unit,
+    fetch: Callable[[str], torch.Tensor],
+    plan: Plan,
+    device: torch.device | str,
+    on_source: Callable[[torch.Tensor], None] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Stored parts of a unit, encoded on ``device`` from the source tensors ``fetch(name)`` returns; an
+    expert bank's slots are stacked along a new leading axis. ``on_source`` sees each source tensor."""
     stacked: dict[str, torch.Tensor] = {}
     for slot, name in enumerate(unit.sources):
-        tensor = source.tensor(name)
-        hashes.append(sha256_tensor(tensor))
-        parts = _encode(tensor, unit.precision, plan, device)
+        tensor = fetch(name)
+        if on_source is not None:
+            on_source(tensor)
+        parts = _encode(tensor.to(device), unit.precision, plan)
         if unit.kind != "expert_bank":
-            return parts, hashes
+            return parts
         for key, part in parts.items():
             if key not in stacked:
-                stacked[key] = torch.empty((len(unit.sources), *part.shape), dtype=part.dtype)
+                stacked[key] = part.new_empty((len(unit.sources), *part.shape))
             stacked[key][slot] = part
-    return stacked, hashes
+    return stacked
+
+
+def _materialise(unit: Unit, source: SourceCheckpoint, plan: Plan, device: str) -> tuple[dict, list[str]]:
+    """Stored parts of a unit, on the CPU for writing, and the hashes of its source tensors."""
+    hashes: list[str] = []
+    parts = encode_unit(unit, source.tensor, plan, device, lambda t: hashes.append(sha256_tensor(t)))
+    return {key: part.cpu() for key, part in parts.items()}, hashes
 
 
 def _check_layout(source: SourceCheckpoint) -> bool:
@@ -168,7 +190,10 @@ def _check_layout(source: SourceCheckpoint) -> bool:
     config = source.config()
     if config is None:
         return False
-    expected = checkpoint_tensors(KimiDims.from_config(config))
+    try:
+        expected = {spec.name: spec for spec in checkpoint_tensors(KimiLinearConfig.from_hf_dict(config))}
+    except ConfigError as error:
+        raise ArtifactError(f"{source.directory / 'config.json'}: {error}") from error
     problems = [f"missing {n}" for n in expected if n not in source.specs]
     problems += [f"unexpected {n}" for n in source.specs if n not in expected]
     problems += [
@@ -230,7 +255,7 @@ def build_artifact(
     source_dir, destination = Path(source_dir), Path(destination)
     with SourceCheckpoint(source_dir) as source, _staging_directory(destination, overwrite) as staging:
         layout_checked = _check_layout(source)
-        units = plan_units(source, plan)
+        units = plan_units(source.specs, plan)
 
         hashed_files = [source_dir / s for s in source.shards]
         if (source_dir / INDEX_NAME).is_file():

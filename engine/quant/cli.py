@@ -8,15 +8,12 @@ from pathlib import Path
 import click
 import torch
 
+from engine.progress import stderr_progress
 from engine.quant.build import build_artifact
 from engine.quant.codec import SCALE_DTYPES, CodecError
 from engine.quant.manifest import ArtifactError
 from engine.quant.plan import HEAD_PRECISIONS, PLANS, PlanError, make_plan
 from engine.quant.verify import verify_artifact
-
-
-def _progress(label: str, total: int):
-    return click.progressbar(length=max(total, 1), label=label.ljust(16), file=sys.stderr, show_pos=False)
 
 
 def _plan_help() -> str:
@@ -59,7 +56,7 @@ def quantize(src, dst, plan_name, group_size, lm_head, scale_dtype, shard_mib, d
             max_shard_bytes=shard_mib * 2**20,
             device=device,
             overwrite=force,
-            progress=_progress,
+            progress=stderr_progress,
         )
     except (ArtifactError, PlanError, CodecError) as error:
         raise click.ClickException(str(error)) from error
@@ -73,7 +70,7 @@ def quantize(src, dst, plan_name, group_size, lm_head, scale_dtype, shard_mib, d
         f"source tensors quantised, {source_bytes:,} -> {stored:,} bytes ({source_bytes / stored:.2f}x smaller)"
     )
     if verify:
-        _report(verify_artifact(dst, source=src, progress=_progress))
+        _report(verify_artifact(dst, source=src, progress=stderr_progress))
 
 
 @click.command("verify")
@@ -106,7 +103,7 @@ def verify(directory, source, no_source, sample, check_all, seed) -> None:
         use_recorded_source=not no_source,
         sample=None if check_all else sample,
         seed=seed,
-        progress=_progress,
+        progress=stderr_progress,
     )
     _report(report)
 

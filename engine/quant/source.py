@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.quant.layout import TensorSpec
+from engine.model.checkpoint_spec import TensorSpec
 from engine.quant.manifest import SAFETENSORS_DTYPES, ArtifactError
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -40,9 +40,8 @@ class SourceCheckpoint:
         self.shards = sorted(set(weight_map.values()))
         self._stack = ExitStack()
         self._handles: dict[str, object] = {}
+        # In storage order (shard, then offset), so reading in this order stays sequential.
         self.specs: dict[str, TensorSpec] = {}
-        # Storage order (shard, then offset) keeps reads sequential.
-        self.names: list[str] = []
         for shard in self.shards:
             handle = self._handle(shard)
             wanted = {n for n, s in weight_map.items() if s == shard}
@@ -55,9 +54,8 @@ class SourceCheckpoint:
                 if name in wanted:
                     sliced = handle.get_slice(name)
                     self.specs[name] = TensorSpec(
-                        tuple(sliced.get_shape()), SAFETENSORS_DTYPES[sliced.get_dtype()]
+                        name, tuple(sliced.get_shape()), SAFETENSORS_DTYPES[sliced.get_dtype()]
                     )
-                    self.names.append(name)
 
     def _handle(self, shard: str):
         if shard not in self._handles:

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine.progress import ProgressFactory, no_progress
 from engine.quant.codec import LinearWeight, dequantize, integer_codes, roundtrip_error_bound
 from engine.quant.manifest import (
     ArtifactError,
@@ -22,7 +23,6 @@ from engine.quant.manifest import (
     sha256_files,
     sha256_tensor,
 )
-from engine.quant.progress import ProgressFactory, no_progress
 from engine.quant.source import SourceCheckpoint
 
 

@@ -42,14 +42,15 @@ def test_expert_ffn_matches_plain_loop(rng, tokens):
 
 def test_gathered_and_grouped_paths_agree(rng):
     """Force both internal paths on the same inputs (the switch is by size)."""
-    from engine.model.moe import _expert_ffn_gathered, _expert_ffn_grouped
+    from engine.model.moe import _expert_ffn_gathered, grouped_expert_ffn
 
     w1, w3, w2 = random_bank(rng)
     x = torch.randn(7, 48, generator=rng)
     ids = torch.stack([torch.randperm(16, generator=rng)[:4] for _ in range(7)])
     weights = torch.rand(7, 4, generator=rng)
     torch.testing.assert_close(
-        _expert_ffn_gathered(x, ids, weights, w1, w3, w2), _expert_ffn_grouped(x, ids, weights, w1, w3, w2)
+        _expert_ffn_gathered(x, ids, weights, w1, w3, w2),
+        grouped_expert_ffn(x, ids, weights, 16, lambda e: (w1[e], w3[e], w2[e])),
     )
 
 

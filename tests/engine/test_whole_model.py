@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from engine.model import CacheFullError, load_model
+from tests.engine.cuda_graphs import assert_decode_replays_in_a_cuda_graph
 
 # Stated tolerance vs the float64 reference for the float32 engine: 1e-4 x the largest |logit|.
 REL_TOL = 1e-4
@@ -114,23 +115,4 @@ def test_bfloat16_model_tracks_float32(tiny_dir, tiny_model, rng):
 def test_decode_step_replays_in_a_cuda_graph(tiny_dir, rng):
     model = load_model(tiny_dir, dtype=torch.bfloat16, device="cuda")
     tokens = random_tokens(rng, 10, model.config.vocab_size)
-    eager_cache, graph_cache = model.new_cache(16), model.new_cache(16)
-    for c in (eager_cache, graph_cache):
-        model.prefill(torch.tensor([tokens], device="cuda"), c)
-    snapshot = model.new_cache(16)
-    snapshot.copy_from(graph_cache)
-    token = torch.tensor([tokens[-1]], device="cuda")
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm-up outside the graph
-        model.decode_step(token, graph_cache)
-    torch.cuda.current_stream().wait_stream(stream)
-    graph_cache.copy_from(snapshot)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        logits = model.decode_step(token, graph_cache)
-    graph_cache.copy_from(snapshot)
-    for _ in range(3):
-        graph.replay()
-        expected = model.decode_step(token, eager_cache)
-        torch.testing.assert_close(logits, expected, atol=1e-2, rtol=1e-2)
+    assert_decode_replays_in_a_cuda_graph(model, torch.tensor([tokens], device="cuda"))

@@ -6,11 +6,11 @@ import engine.kernels  # noqa: F401
 from engine.kernels import registry
 from engine.kernels.equivalence import check
 from engine.kernels.shapes import kimi_shapes
-from engine.quant.layout import REFERENCE_CONFIG
+from engine.model import preset
 
 FULL = [
     pytest.param(op, v.name, shape, id=f"{op}.{v.name}-{shape['name']}")
-    for op, shapes in kimi_shapes(REFERENCE_CONFIG, batches=(1, 8)).items()
+    for op, shapes in kimi_shapes(preset("full"), batches=(1, 8)).items()
     for v in registry.variants(op)
     if not v.is_reference
     for shape in shapes

@@ -10,7 +10,7 @@ import pytest
 
 from engine.kernels.shapes import EDGE_SHAPES, kimi_shapes
 from engine.kernels.traffic import op_bytes, weight_bytes
-from engine.quant.layout import REFERENCE_CONFIG
+from engine.model import preset
 from runners import gpu_check
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def test_kernels_compile_for_an_h100_class_gpu_without_spills():
 
 
 def test_full_size_shape_table_follows_the_config():
-    shapes = kimi_shapes(REFERENCE_CONFIG, batches=(1, 8))
+    shapes = kimi_shapes(preset("full"), batches=(1, 8))
     grouped = {s["name"]: s for s in shapes["w4a16_grouped_gemv"]}
     assert grouped["experts_gate_up_B1"] | {"name": None} == {
         "name": None, "B": 1, "S": 9, "E": 257, "N": 1024, "K": 2304, "group": 32,
@@ -83,7 +83,7 @@ def test_byte_counts_are_compulsory_traffic():
 
 
 def test_gpu_check_plan_and_receipt_fields():
-    checks, timed = gpu_check.plan(REFERENCE_CONFIG, 32, (1,), ["w4a16_grouped_gemv", "route_combine"])
+    checks, timed = gpu_check.plan(preset("full"), 32, (1,), ["w4a16_grouped_gemv", "route_combine"])
     assert set(checks) == {"w4a16_grouped_gemv", "route_combine"}
     assert len(checks["w4a16_grouped_gemv"]) == len(EDGE_SHAPES["w4a16_grouped_gemv"]) + 2
     assert [m.name for m in timed] == [
@@ -101,7 +101,7 @@ def test_gpu_check_plan_and_receipt_fields():
     assert fields["config"]["shipped_default_on_cuda"] is True
     json.dumps(fields)  # receipts must serialise
 
-    _, swept = gpu_check.plan(REFERENCE_CONFIG, 32, (1, 8), ["w4a16_grouped_swiglu"], sweep=True)
+    _, swept = gpu_check.plan(preset("full"), 32, (1, 8), ["w4a16_grouped_swiglu"], sweep=True)
     tuned = [m for m in swept if m.launch is not None]
     assert [m.name for m in tuned] == [
         f"w4a16_grouped_swiglu.triton_fused[n{n}_k256_s1]@experts_swiglu_B1:B1xS9xE257xN1024xK2304g32"

@@ -4,12 +4,13 @@ from collections import Counter
 
 import pytest
 
+from engine.model import preset
+from engine.model.checkpoint_spec import checkpoint_tensors
 from engine.quant.budget import decode_bytes_per_token, stored_nbytes
-from engine.quant.layout import REFERENCE_CONFIG, KimiDims, checkpoint_tensors
 from engine.quant.plan import PLANS, PlanError, classify, make_plan
 
-DIMS = KimiDims.from_config(REFERENCE_CONFIG)
-TENSORS = checkpoint_tensors(DIMS)
+FULL = preset("full")
+TENSORS = {spec.name: spec for spec in checkpoint_tensors(FULL)}
 
 
 def _stored_total(plan) -> int:
@@ -21,7 +22,7 @@ def _stored_total(plan) -> int:
 def test_layout_matches_the_real_checkpoint():
     assert len(TENSORS) == 20_493
     assert sum(spec.nbytes for spec in TENSORS.values()) == 98_245_528_576
-    assert DIMS.mla_layers == (3, 7, 11, 15, 19, 23, 26)
+    assert FULL.full_attn_layers == (3, 7, 11, 15, 19, 23, 26)
     assert TENSORS["model.layers.5.self_attn.A_log"].shape == (1, 1, 32, 1)
     assert TENSORS["model.layers.26.block_sparse_moe.experts.255.w2.weight"].shape == (2304, 1024)
 
@@ -74,7 +75,7 @@ def test_group_size_must_divide_quantised_inputs_and_be_a_power_of_two():
 
 def test_bytes_per_token_recount():
     """Per-token reads at batch 1 (kimi-linear.md §9): experts 931.6 MB, head 755.0, attention 534.1, ..."""
-    tb = decode_bytes_per_token(REFERENCE_CONFIG, make_plan("default"))
+    tb = decode_bytes_per_token(FULL, make_plan("default"))
     c = tb.components
     per_expert = 3 * (1024 * 2304 // 2 + 1024 * 72 * 2)
     assert c["routed_expert"] == 26 * 8 * per_expert
@@ -89,8 +90,8 @@ def test_bytes_per_token_recount():
 
 
 def test_bytes_per_token_follow_plan_and_context():
-    base = decode_bytes_per_token(REFERENCE_CONFIG, make_plan("default"))
-    int4_head = decode_bytes_per_token(REFERENCE_CONFIG, make_plan("int4-head"))
+    base = decode_bytes_per_token(FULL, make_plan("default"))
+    int4_head = decode_bytes_per_token(FULL, make_plan("int4-head"))
     assert base.total - int4_head.total == 163840 * 2304 * 2 - (163840 * 1152 + 163840 * 72 * 2)
-    long = decode_bytes_per_token(REFERENCE_CONFIG, make_plan("default"), context_tokens=1000)
+    long = decode_bytes_per_token(FULL, make_plan("default"), context_tokens=1000)
     assert long.total - base.total == 7 * 1000 * 576 * 2

@@ -1,9 +1,11 @@
+import pytest
 import torch
 from click.testing import CliRunner
 
+from engine.quant import decode_bytes_per_token, make_plan
 from harness.receipt import load_receipt, receipt_paths
 from runners.cli import main
-from runners.decode import build_synthetic
+from runners.decode import build_synthetic, build_synthetic_quantized
 from runners.roofline import state_bytes_per_token, weight_bytes_per_token
 
 
@@ -54,3 +56,54 @@ def test_decode_runner_writes_one_valid_receipt_per_context(tmp_path):
 def test_bad_contexts_are_refused_clearly(tmp_path):
     result = CliRunner().invoke(main, ["decode", "--contexts", "17,abc", "--results", str(tmp_path)])
     assert result.exit_code == 2 and "comma-separated whole numbers" in result.output
+
+
+def test_packed_bytes_count_top_k_and_shared_slots_and_the_head_at_its_precision():
+    """Counted from the packed model's buffers; cross-checked with the plan's own byte budget."""
+    model = build_synthetic_quantized("tiny", "cpu", torch.float32, seed=1, plan="default")
+    parts = weight_bytes_per_token(model)
+    budget = decode_bytes_per_token(model.config, make_plan("default")).components
+    assert parts["routed_experts"] == budget["routed_expert"] > 0
+    assert parts["shared_and_dense_mlp"] == budget["shared_expert"] + budget["dense_mlp"]
+    assert parts["lm_head"] == budget["lm_head"] == model.config.vocab_size * model.config.hidden_size * 2
+
+
+def test_quantised_run_records_the_bound_kernel_of_every_operation(tmp_path):
+    result = CliRunner().invoke(
+        main,
+        ["decode", "--synthetic", "tiny", "--quant", "default", "--kernels", "default,reference",
+         "--contexts", "5", "--gen-tokens", "2", "--repeats", "1", "--results", str(tmp_path), "--no-regenerate"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    receipts = {r["config"]["kernels"]: r for r in map(load_receipt, receipt_paths(tmp_path))}
+    assert set(receipts) == {"default", "reference"}
+    for selection, r in receipts.items():
+        assert r["name"] == f"synthetic-tiny.fp32.plan-default.kernels-{selection}.ctx5.b1"
+        assert r["config"]["quant"] == "default" and r["config"]["plan"]["group_size"] == 32
+        # On the CPU the shipped defaults are the references: the receipt says so, whatever was asked.
+        assert r["config"]["kernel_variants"] == {
+            op: "reference"
+            for op in [
+                "route_combine",
+                "w16a16_gemv",
+                "w4a16_gemv",
+                "w4a16_grouped_gemv",
+                "w4a16_grouped_swiglu",
+            ]
+        }
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--kernels", "reference"], "add --quant PLAN"),
+        (
+            ["--quant", "default", "--kernels", "default,fastest"],
+            "no operation has a variant named 'fastest'",
+        ),
+    ],
+)
+def test_bad_kernel_selections_are_refused_before_measuring(tmp_path, args, message):
+    result = CliRunner().invoke(main, ["decode", "--synthetic", "tiny", *args, "--results", str(tmp_path)])
+    assert result.exit_code == 2 and message in result.output
+    assert not list(receipt_paths(tmp_path))

@@ -1,0 +1,150 @@
+"""Model modules that hold weights as stored by a plan and run them through the kernel registry.
+
+`PackedLinear` replaces an `engine.model.linear.Linear` (INT4 / INT8 codes + scales, or a dense matrix at the
+plan's precision, e.g. the BF16 LM head); `PackedExpertBank` replaces a layer's `ExpertBank` (INT4 banks
+whose last slot may be the shared expert). Both take the registry's selections at construction (or
+`bind`) and call the bound functions directly, so a decode step does no registry lookups.
+
+Decode (at most `DECODE_MAX_ROWS` tokens) runs the kernels: static shapes, no host reads, CUDA-graph
+capturable. Prefill (more tokens) dequantises instead: each projection's weight to the activation dtype
+once per call followed by a matmul, and for experts one expert at a time over the tokens routed to it.
+That is correct first and fast second: a GEMV kernel re-reads its weight for every row, so it does not
+fit many tokens, and the W4A16 GEMM that would is not written.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.kernels.linear import GEMV_FOR_FORMAT
+from engine.kernels.registry import Selection
+from engine.model.moe import grouped_expert_ffn
+from engine.quant.codec import LinearWeight, dequantize
+
+# Up to this many rows (tokens x sequences) go through the GEMV kernels; more take the prefill path.
+DECODE_MAX_ROWS = 16
+
+GROUPED_OPS = ("w4a16_grouped_swiglu", "w4a16_grouped_gemv", "route_combine")
+
+
+class PackedLinear(nn.Module):
+    """``y = x @ W^T`` with ``W`` in its stored format, through the registry's GEMV for that format."""
+
+    def __init__(self, weight: LinearWeight, selections: dict[str, Selection], *, dtype: torch.dtype):
+        super().__init__()
+        if weight.data.ndim != 2:
+            raise ValueError(f"a packed linear needs a [N, K] weight, got {tuple(weight.shape)}")
+        self.format, self.group_size = weight.format, weight.group_size
+        self.out_features, self.in_features = weight.out_features, weight.in_features
+        self.dtype = dtype  # the model's activation dtype, for dense_weight()
+        self.register_buffer("data", weight.data)
+        self.register_buffer("scales", weight.scales)
+        self.bind(selections)
+
+    def bind(self, selections: dict[str, Selection]) -> None:
+        """Use the variants in ``selections`` (from `engine.kernels.resolve`) from now on."""
+        op = GEMV_FOR_FORMAT[self.format]
+        self.kernels = {op: selections[op]}
+        self._gemv = selections[op].variant.fn
+
+    @property
+    def weight(self) -> LinearWeight:
+        return LinearWeight(self.format, self.data, self.scales, self.group_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features)
+        if rows.shape[0] > DECODE_MAX_ROWS:
+            y = F.linear(rows, self.dense_weight(x.dtype))
+        elif self.scales is None:
+            y = self._gemv(rows, self.data)
+        else:
+            y = self._gemv(rows, self.data, self.scales, self.group_size)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def dense_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The weight dequantised to ``dtype`` (default: the model's), exact in FP32."""
+        return dequantize(self.weight, dtype or self.dtype)
+
+    def extra_repr(self) -> str:
+        group = f", group_size={self.group_size}" if self.group_size else ""
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}{group}"
+        )
+
+
+class PackedExpertBank(nn.Module):
+    """A layer's routed experts as INT4 banks ``w1``/``w3`` ``[S, inter, hidden]`` and ``w2``
+    ``[S, hidden, inter]``; slot ``shared_slot`` (if any) is the shared expert, run with weight 1 for
+    every token, so the layer's separate shared-expert MLP must be removed.
+
+    Decode: route table ``[N, top-k (+1)]`` -> fused gate/up SwiGLU -> grouped down projection ->
+    route-weighted combine in FP32. Same ``forward`` as `engine.model.moe.ExpertBank`.
+    """
+
+    def __init__(
+        self,
+        w1: LinearWeight,
+        w3: LinearWeight,
+        w2: LinearWeight,
+        selections: dict[str, Selection],
+        *,
+        shared_slot: int | None,
+    ):
+        super().__init__()
+        banks = {"w1": w1, "w3": w3, "w2": w2}
+        for name, bank in banks.items():
+            if bank.format != "int4" or bank.data.ndim != 3:
+                raise ValueError(f"expert bank {name} must be an INT4 [S, N, K/2] bank, got {bank.format}")
+        if (
+            len({b.data.shape[0] for b in banks.values()}) != 1
+            or len({b.group_size for b in banks.values()}) != 1
+        ):
+            raise ValueError("expert banks w1, w3, w2 must have the same slots and group size")
+        self.slots, self.group_size = w1.data.shape[0], w1.group_size
+        if shared_slot is not None and not 0 <= shared_slot < self.slots:
+            raise ValueError(f"shared slot {shared_slot} outside a bank of {self.slots}")
+        self.shared_slot = shared_slot
+        for name, bank in banks.items():
+            self.register_buffer(f"{name}_codes", bank.data)
+            self.register_buffer(f"{name}_scales", bank.scales)
+        self.bind(selections)
+
+    def bind(self, selections: dict[str, Selection]) -> None:
+        self.kernels = {op: selections[op] for op in GROUPED_OPS}
+        self._swiglu, self._grouped, self._combine = (selections[op].variant.fn for op in GROUPED_OPS)
+
+    def _route_table(self, expert_ids: torch.Tensor, expert_weights: torch.Tensor):
+        """Append the shared slot with weight 1 to every token's routes."""
+        if self.shared_slot is None:
+            return expert_ids.contiguous(), expert_weights.contiguous()
+        n = expert_ids.shape[0]
+        ids = torch.cat([expert_ids, expert_ids.new_full((n, 1), self.shared_slot)], dim=1)
+        weights = torch.cat([expert_weights, expert_weights.new_ones((n, 1))], dim=1)
+        return ids, weights
+
+    def forward(
+        self, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor
+    ) -> torch.Tensor:
+        ids, weights = self._route_table(expert_ids, expert_weights.float())
+        x = x.contiguous()
+        if x.shape[0] > DECODE_MAX_ROWS:
+            return grouped_expert_ffn(x, ids, weights, self.slots, lambda e: self._dense_expert(e, x.dtype))
+        g = self.group_size
+        hidden = self._swiglu(x, self.w1_codes, self.w1_scales, self.w3_codes, self.w3_scales, ids, g)
+        y = self._grouped(hidden, self.w2_codes, self.w2_scales, ids, g)
+        return self._combine(y, weights)
+
+    def _dense_expert(self, slot: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        return tuple(
+            dequantize(LinearWeight("int4", codes[slot], scales[slot], self.group_size), dtype)
+            for codes, scales in [
+                (self.w1_codes, self.w1_scales),
+                (self.w3_codes, self.w3_scales),
+                (self.w2_codes, self.w2_scales),
+            ]
+        )
+
+    def extra_repr(self) -> str:
+        return f"slots={self.slots}, shared_slot={self.shared_slot}, group_size={self.group_size}"
