@@ -3,7 +3,6 @@ from pathlib import Path
 import pytest
 
 from tests.quant.tiny_checkpoint import write_checkpoint
-from tests.runners.conftest import one_thread  # noqa: F401  (autouse: one intra-op thread for tiny models)
 
 
 @pytest.fixture(scope="session")
