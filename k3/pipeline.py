@@ -1,13 +1,16 @@
 """Upstream OpenAI-Chat chunks -> the canonical event stream (see k3.ir for the contract).
 
-SEAM for text tool-call parsers (k3/tools): the engine's streamed `content` text goes through
-exactly one `TextParser` per turn, built by `make_text_parser(config.tool_parser)`. A parser
-gets text pieces through `feed(chunk)` and returns `TextDelta`, `ReasoningDelta` and
-`ParsedToolCall` events; `finish()` flushes what it held back. The pipeline turns each
-`ParsedToolCall` into ToolCallStart/ToolCallDelta/ToolCallEnd with its own index, closes open
-reasoning before visible output, and upgrades a plain `stop` to `tool_calls`. Native
-`tool_calls` deltas from the engine are handled here regardless of the parser. To add a parser,
-register its name in `make_text_parser` and in `config.TOOL_PARSERS`.
+The engine's streamed `content` text goes through exactly one text parser per turn, built by
+`make_text_parser` from the k3.tools parsers (`--tool-parser`), wrapped in a `ThinkSplitter` when
+the engine writes reasoning inline (`--reasoning-field think` or `auto`). A parser returns
+`Text`, `Reasoning` and complete `ToolCall` events; the pipeline turns each call into
+ToolCallStart/ToolCallDelta/ToolCallEnd with its own index, closes open reasoning before visible
+output, and upgrades a plain `stop` to `tool_calls`. Native `tool_calls` deltas from the engine
+(streamed arguments, parallel calls, interleaved indices) are handled here whatever the parser.
+`reasoning_content` and `reasoning` delta keys are always read.
+
+Reasoning segments close in one place, `Translator._close_reasoning`, which asks the optional
+`sign` callback for the segment's signature (Anthropic signature, Responses encrypted_content).
 
 A non-streaming upstream reply is first turned into one synthetic chunk
 (`completion_to_chunk`), so both modes run through the same code.
@@ -15,8 +18,8 @@ A non-streaming upstream reply is first turned into one synthetic chunk
 
 from __future__ import annotations
 
-import secrets
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 
@@ -25,7 +28,6 @@ from k3.ir import (
     CanonicalResponse,
     Event,
     Finish,
-    ParsedToolCall,
     Part,
     ReasoningDelta,
     ReasoningEnd,
@@ -39,36 +41,21 @@ from k3.ir import (
     ToolCallStart,
     Usage,
 )
-
-ParserEvent = TextDelta | ReasoningDelta | ParsedToolCall
-
-
-class TextParser(Protocol):
-    def feed(self, chunk: str) -> list[ParserEvent]: ...
-
-    def finish(self) -> list[ParserEvent]: ...
+from k3.tools import Parser, Reasoning, Text, ThinkSplitter, make_parser
+from k3.tools.ids import new_call_id
 
 
-class PassthroughParser:
-    """The engine parses tool calls itself (native `tool_calls`): content is plain text."""
-
-    __slots__ = ()
-
-    def feed(self, chunk: str) -> list[ParserEvent]:
-        return [TextDelta(chunk)]
-
-    def finish(self) -> list[ParserEvent]:
-        return []
-
-
-def make_text_parser(name: str) -> TextParser:
-    if name == "passthrough":
-        return PassthroughParser()
-    raise ValueError(f"unknown tool parser {name!r}")
-
-
-def new_call_id() -> str:
-    return "call_" + secrets.token_hex(12)
+def make_text_parser(
+    tool_parser: str, reasoning_field: str, tools: Callable[[], list[dict]] | None = None
+) -> Parser:
+    """A fresh parser for one turn. `tools` gives the request's OpenAI-Chat tool definitions
+    (only the `json` and `pythonic` parsers read them, so they are built only then)."""
+    parser = make_parser(
+        tool_parser, tools() if tools is not None and tool_parser in ("json", "pythonic") else None
+    )
+    if reasoning_field in ("think", "auto"):
+        parser = ThinkSplitter(parser)
+    return parser
 
 
 _FINISH = {
@@ -155,8 +142,18 @@ def parse_usage(raw: dict[str, Any]) -> Usage:
 class Translator:
     """Stateful, one per turn: `feed(chunk)` for each upstream chunk, then `finish()` once."""
 
-    def __init__(self, parser: TextParser, stop: list[str] | None = None, input_estimate: int = 0):
+    def __init__(
+        self,
+        parser: Parser,
+        stop: list[str] | None = None,
+        input_estimate: int = 0,
+        sign: Callable[[str], str] | None = None,
+        parser_vehicle: str = "think",
+    ):
         self._parser = parser
+        self._sign = sign
+        self._parser_vehicle = parser_vehicle  # what reasoning found in the text is called
+        self.vehicle: str | None = None  # where this reply's reasoning came from (for auto / stats)
         self._stop = stop or ()
         self._input_estimate = input_estimate
         self._reasoning: list[str] | None = None  # the open reasoning segment
@@ -186,8 +183,13 @@ class Translator:
         if not isinstance(delta, dict):
             delta = choice.get("message")
         if isinstance(delta, dict):
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            reasoning = delta.get("reasoning_content")
+            key = "reasoning_content"
+            if not reasoning:
+                reasoning, key = delta.get("reasoning"), "reasoning"
             if reasoning and isinstance(reasoning, str):
+                if self.vehicle is None:
+                    self.vehicle = key
                 self._close_active(out)
                 self._reason(reasoning, out)
             content = delta.get("content")
@@ -240,19 +242,22 @@ class Translator:
 
     def _close_reasoning(self, out: list[Event]) -> None:
         if self._reasoning is not None:
-            out.append(ReasoningEnd("".join(self._reasoning)))
+            text = "".join(self._reasoning)
+            out.append(ReasoningEnd(text, self._sign(text) if self._sign is not None else None))
             self._reasoning = None
 
-    def _apply(self, events: list[ParserEvent], out: list[Event]) -> None:
+    def _apply(self, events: list[Any], out: list[Event]) -> None:
         for event in events:
-            if isinstance(event, TextDelta):
+            if isinstance(event, Text):
                 if event.text:
                     self._close_active(out)
                     self._close_reasoning(out)
                     self._chars += len(event.text)
-                    out.append(event)
-            elif isinstance(event, ReasoningDelta):
+                    out.append(TextDelta(event.text))
+            elif isinstance(event, Reasoning):
                 if event.text:
+                    if self.vehicle is None:
+                        self.vehicle = self._parser_vehicle
                     self._close_active(out)
                     self._reason(event.text, out)
             else:
