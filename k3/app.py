@@ -51,6 +51,7 @@ from k3.detect import Detection, detect
 from k3.dialects import anthropic, chat, responses
 from k3.dialects.common import Turn, new_id
 from k3.errors import ProxyError, bad_request, error_body
+from k3.ir import Event
 from k3.pipeline import Collector, Translator, completion_to_chunk, make_text_parser
 from k3.tokens import estimate
 from k3.upstream import Upstream
@@ -234,14 +235,13 @@ class K3:
             hangup.stop()
 
     def _finish_record(
-        self, turn: Turn, memory: TurnMemory, collector: Collector, translator: Translator
+        self, turn: Turn, memory: TurnMemory, events: list[Event], translator: Translator
     ) -> None:
         try:
-            for event in translator.finish():
-                collector.add(event)
+            events.extend(translator.finish())
         except Exception:  # a parser that cannot finish: record what was already translated
             log.exception("could not finish the abandoned turn")
-        self._record(turn, memory, collector, translator)
+        self._record(turn, memory, events, translator)
 
     def _failed(self, turn: Turn, err: ProxyError) -> None:
         self.stats.counters["errors"] += 1
@@ -258,10 +258,21 @@ class K3:
         vehicle = "kimi_k3" if parser_name == "kimi_k3" else "think"
         return Translator(parser, request.stop, len(payload) // 4, sign, vehicle)
 
-    def _record(self, turn: Turn, memory: TurnMemory, collector: Collector, translator: Translator) -> None:
+    def _record(
+        self, turn: Turn, memory: TurnMemory, events: list[Event] | Collector, translator: Translator
+    ) -> None:
         """Ledger write for the finished reply (once; nothing for a plain text answer)."""
         if memory.committed:
             return
+        if translator.vehicle is None and not translator.tool_calls:
+            memory.committed = True  # nothing to restore later
+            return
+        if isinstance(events, Collector):
+            collector = events
+        else:
+            collector = Collector()
+            for event in events:
+                collector.add(event)
         memory.commit(collector.parts, translator.vehicle)
         if translator.vehicle is not None:
             self.stats.saw_reasoning(turn.preset.name, translator.vehicle)
@@ -290,8 +301,8 @@ class K3:
         headers = [*SSE_HEADERS, (b"x-k3-preset", turn.preset.name.encode())]
         writer = SSEWriter(send, encoder.start(), headers, encoder.keepalive, self.config.keepalive_interval)
         translator = self._translator(turn, payload, memory)
-        collector = Collector()  # the reply as the ledger records it, folded alongside the stream
-        feed, keep = encoder.feed, collector.add
+        seen: list[Event] = []  # the reply so far, folded for the ledger only if it needs recording
+        feed, keep = encoder.feed, seen.extend
         failed = False
         try:
             try:
@@ -300,13 +311,11 @@ class K3:
                     async for batch in chunks:
                         events = [e for chunk in batch for e in translator.feed(chunk)]
                         if events:
-                            for event in events:
-                                keep(event)
+                            keep(events)
                             await writer.write(b"".join([feed(e) for e in events]))
                     events = translator.finish()
-                    for event in events:
-                        keep(event)
-                    self._record(turn, memory, collector, translator)  # before the client's last bytes
+                    keep(events)
+                    self._record(turn, memory, seen, translator)  # before the client's last bytes
                     await writer.close(b"".join([feed(e) for e in events]))
             except (ProxyError, asyncio.CancelledError):
                 raise
@@ -325,7 +334,7 @@ class K3:
             if not failed and not memory.committed:
                 # The client left early (perhaps after the engine's last token, before our last
                 # frames): what it got may still come back next turn, so record it.
-                self._finish_record(turn, memory, collector, translator)
+                self._finish_record(turn, memory, seen, translator)
 
     # -- side routes ----------------------------------------------------------------------------
 

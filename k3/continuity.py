@@ -8,7 +8,7 @@ engine message in its place (k3.reasoning.memory gives the lookup order and the 
 Sessions: entries and signatures belong to the client that received them, identified by its
 credential (x-api-key or Authorization), its preset and, when it sends one, its own session
 header (Claude Code, Codex, opencode). Nothing is hashed or written for a turn that needs none of
-this: a plain text answer costs one check at the end.
+this: a plain text answer is not recorded.
 """
 
 from __future__ import annotations
@@ -71,15 +71,12 @@ class TurnMemory:
         return self._ledger_turn().sign(reasoning)
 
     def commit(self, parts: list[Part], field: str | None) -> None:
-        """Record the turn once, if it has anything to restore later: reasoning or a tool call.
-
-        `field` is the reasoning vehicle seen in the reply (kept for `--reasoning-field auto`).
+        """Record the turn once. The caller skips turns with nothing to restore later (no
+        reasoning, no tool call); `field` is the reasoning vehicle the reply used (for `auto`).
         """
         if self.committed:
             return
         self.committed = True
-        if not any(isinstance(p, ReasoningPart | ToolCallPart) for p in parts):
-            return
         turn = self._ledger_turn()
         turn.field = field
         for part in parts:

@@ -43,6 +43,7 @@ from k3.ir import (
 )
 from k3.tools import Parser, Reasoning, Text, ThinkSplitter, make_parser
 from k3.tools.ids import new_call_id
+from k3.tools.passthrough import PassthroughParser
 
 
 def make_text_parser(
@@ -151,6 +152,7 @@ class Translator:
         parser_vehicle: str = "think",
     ):
         self._parser = parser
+        self._plain = type(parser) is PassthroughParser  # content is all visible text: no parser call
         self._sign = sign
         self._parser_vehicle = parser_vehicle  # what reasoning found in the text is called
         self.vehicle: str | None = None  # where this reply's reasoning came from (for auto / stats)
@@ -163,7 +165,7 @@ class Translator:
         self._usage: Usage | None = None
         self._finish_reason: str | None = None
         self._stop_sequence: str | None = None
-        self._tool_calls = 0
+        self.tool_calls = 0  # calls announced so far
         self._chars = 0  # visible + reasoning characters, for the usage estimate
 
     # -- upstream side -------------------------------------------------------------------------
@@ -196,7 +198,10 @@ class Translator:
             if content:
                 text = _text_of(content)
                 if text:
-                    self._apply(self._parser.feed(text), out)
+                    if self._plain:
+                        self._visible(text, out)
+                    else:
+                        self._apply(self._parser.feed(text), out)
             calls = delta.get("tool_calls")
             if calls and isinstance(calls, list):
                 for fragment in calls:
@@ -220,7 +225,7 @@ class Translator:
                 self._start(call, out)
                 self._close(call, out)
         stop: StopReason = _FINISH.get(self._finish_reason or "stop", "stop")  # type: ignore[assignment]
-        if self._tool_calls and stop == "stop":
+        if self.tool_calls and stop == "stop":
             stop = "tool_calls"
         usage = self._usage
         if usage is None:  # the engine sent none: a documented chars/4 estimate
@@ -246,14 +251,17 @@ class Translator:
             out.append(ReasoningEnd(text, self._sign(text) if self._sign is not None else None))
             self._reasoning = None
 
+    def _visible(self, text: str, out: list[Event]) -> None:
+        self._close_active(out)
+        self._close_reasoning(out)
+        self._chars += len(text)
+        out.append(TextDelta(text))
+
     def _apply(self, events: list[Any], out: list[Event]) -> None:
         for event in events:
             if isinstance(event, Text):
                 if event.text:
-                    self._close_active(out)
-                    self._close_reasoning(out)
-                    self._chars += len(event.text)
-                    out.append(TextDelta(event.text))
+                    self._visible(event.text, out)
             elif isinstance(event, Reasoning):
                 if event.text:
                     if self.vehicle is None:
@@ -265,7 +273,7 @@ class Translator:
                 self._close_reasoning(out)
                 index = self._next_index
                 self._next_index += 1
-                self._tool_calls += 1
+                self.tool_calls += 1
                 self._chars += len(event.arguments)
                 call_id = event.id or new_call_id()
                 out.append(ToolCallStart(index, call_id, event.name))
@@ -320,7 +328,7 @@ class Translator:
         call.started = True
         call.index = self._next_index
         self._next_index += 1
-        self._tool_calls += 1
+        self.tool_calls += 1
         if not call.id:
             call.id = new_call_id()
         out.append(ToolCallStart(call.index, call.id, call.name))
