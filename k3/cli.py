@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import socket
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -275,7 +276,7 @@ def serve(
     )  # no line per side call
     try:
         app = create_app(config)
-    except (OSError, ValueError) as exc:  # an unreadable ledger or secret
+    except (OSError, ValueError, sqlite3.Error) as exc:  # an unreadable ledger or secret
         raise click.UsageError(f"cannot open the reasoning ledger: {exc}") from None
     server = uvicorn.Server(
         uvicorn.Config(

@@ -15,7 +15,7 @@ serves neither. Every client disconnect during a stream is counted
 in `disconnects` and sets `disconnected`, so a test can see the proxy close the connection.
 
 The engine's own formats are scriptable: `Reply.reasoning_key` puts reasoning in a delta key
-(`reasoning_content`, `reasoning`), inline in the content (`think`: `<think>…</think>`) or in the
+(`reasoning_content`, `reasoning`, any other name), inline in the content (`think`: `<think>…</think>`) or in the
 Kimi K3 think channel (`kimi_k3`); `Reply.tool_format` sends tool calls natively (`native`) or
 writes them into the content in a text format a `--tool-parser` reads (`kimi_k3`, `kimi`,
 `hermes`, `json`, `pythonic`; for the last two the reply is the call list alone, so leave
@@ -53,7 +53,8 @@ class Reply:
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None  # default: "tool_calls" when there are calls, else "stop"
     usage: bool = True  # send usage (always in JSON; in streams as the final chunk)
-    reasoning_key: str = "reasoning_content"  # "reasoning" (newer vLLM), "think" (inline), "kimi_k3"
+    # A delta key ("reasoning" for newer vLLM), or "think" (inline) / "kimi_k3" (XTML channel) in content.
+    reasoning_key: str = "reasoning_content"
     tool_format: str = "native"  # or a text format: "kimi_k3", "kimi", "hermes", "json", "pythonic"
     stop_reason: str | None = None  # vLLM's matched stop string
     status: int = 200  # >= 400: answer with an error body instead
@@ -65,15 +66,13 @@ class Reply:
     error_after: int | None = None  # after this many chunks send an {"error": ...} chunk and stop
 
     def __post_init__(self) -> None:
-        if self.reasoning_key not in (*REASONING_KEYS, "think", "kimi_k3"):
-            raise ValueError(f"unknown reasoning_key {self.reasoning_key!r}")
         if self.tool_format not in TOOL_FORMATS:
             raise ValueError(
                 f"unknown tool_format {self.tool_format!r}; choose one of: {', '.join(TOOL_FORMATS)}"
             )
 
 
-REASONING_KEYS = ("reasoning_content", "reasoning")
+IN_CONTENT = ("think", "kimi_k3")  # reasoning_key values that write reasoning into the content
 TOOL_FORMATS = ("native", "kimi_k3", "kimi", "hermes", "json", "pythonic")
 
 
@@ -188,7 +187,7 @@ class FakeUpstream:
 
     def completion(self, payload: dict[str, Any], reply: Reply) -> dict[str, Any]:
         message: dict[str, Any] = {"role": "assistant", "content": model_text(reply) or None}
-        if reply.reasoning and reply.reasoning_key in REASONING_KEYS:
+        if reply.reasoning and reply.reasoning_key not in IN_CONTENT:
             message[reply.reasoning_key] = reply.reasoning
         if _native_calls(reply):
             message["tool_calls"] = [
@@ -228,7 +227,7 @@ class FakeUpstream:
             return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, **extra}]}
 
         out = [chunk({"role": "assistant", "content": ""})]
-        if reply.reasoning_key in REASONING_KEYS:
+        if reply.reasoning_key not in IN_CONTENT:
             out += [chunk({reply.reasoning_key: s}) for s in _slices(reply.reasoning, reply.chunk_chars)]
         out += [chunk({"content": s}) for s in _slices(model_text(reply), reply.chunk_chars)]
         for i, call in enumerate(_native_calls(reply)):

@@ -92,3 +92,14 @@ def test_docs_mention_only_real_flags_and_presets():
         presets.get(name)
     for preset in presets.PRESETS:
         assert f"`{preset.name}`" in docs
+
+
+def test_serve_refuses_a_ledger_or_state_dir_it_cannot_use(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    ledger = CliRunner().invoke(
+        main, ["serve", "--port", "0", "--state-dir", str(tmp_path), "--ledger", str(blocker / "ledger.db")]
+    )
+    assert ledger.exit_code == 2 and "cannot open the reasoning ledger" in ledger.output
+    state = CliRunner().invoke(main, ["serve", "--port", "0", "--state-dir", str(blocker)])
+    assert state.exit_code == 2 and "--state-dir" in state.output
