@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import os
@@ -217,7 +218,6 @@ def serve(
 
     from k3.app import create_app
 
-    state_dir = _usable_state_dir(state_dir)
     try:
         config = Config(
             upstream=upstream,
@@ -233,7 +233,6 @@ def serve(
             ledger_max_entries=ledger_max_entries,
             ledger_max_bytes=max(1, int(ledger_max_mb * 1024 * 1024)),
             ledger_ttl=ledger_ttl,
-            state_dir=state_dir,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             max_body_bytes=int(max_body_mb * 1024 * 1024),
@@ -241,6 +240,8 @@ def serve(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    state_dir = _usable_state_dir(state_dir)  # only once the options are known to be good
+    config = dataclasses.replace(config, state_dir=state_dir)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
