@@ -166,27 +166,37 @@ TOOLS = [
 ]
 
 
-def post(base: str, messages: list, api_key: str = "sk-test", **extra) -> httpx.Response:
-    body = {"model": "claude-k3-local", "max_tokens": 256, "tools": TOOLS, "messages": messages, **extra}
-    return httpx.post(f"{base}/v1/messages", json=body, headers={"x-api-key": api_key}, timeout=20)
+def post(base: str, messages: list, api_key: str = "sk-test", headers: dict | None = None) -> httpx.Response:
+    body = {"model": "claude-k3-local", "max_tokens": 256, "tools": TOOLS, "messages": messages}
+    return httpx.post(
+        f"{base}/v1/messages", json=body, headers={"x-api-key": api_key, **(headers or {})}, timeout=20
+    )
 
 
-def first_turn(engine: FakeUpstream, base: str, api_key: str = "sk-test") -> list[dict]:
+def first_turn(
+    engine: FakeUpstream, base: str, api_key: str = "sk-test", headers: dict | None = None
+) -> list[dict]:
     engine.push(
         Reply(content="Let me look.", reasoning=REASONING, tool_calls=[ToolCall("read_file", ARGUMENTS)])
     )
-    response = post(base, [{"role": "user", "content": QUESTION}], api_key)
+    response = post(base, [{"role": "user", "content": QUESTION}], api_key, headers)
     assert response.status_code == 200, response.text
     return response.json()["content"]
 
 
-def second_turn(engine: FakeUpstream, base: str, content: list[dict], api_key: str = "sk-test") -> dict:
+def second_turn(
+    engine: FakeUpstream,
+    base: str,
+    content: list[dict],
+    api_key: str = "sk-test",
+    headers: dict | None = None,
+) -> dict:
     """Send the assistant turn back; returns the engine's form of it."""
     call_id = next(b["id"] for b in content if b["type"] == "tool_use")
     result = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call_id, "content": RESULT}]}
     engine.push(Reply(content="Done."))
     messages = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": content}, result]
-    response = post(base, messages, api_key)
+    response = post(base, messages, api_key, headers)
     assert response.status_code == 200, response.text
     return engine.requests[-1]["messages"][1]
 

@@ -94,6 +94,15 @@ def test_another_sessions_signature_and_turns_stay_theirs(engine, proxy):
     assert second_turn(engine, base, alice, api_key="alice")["reasoning_content"] == REASONING
 
 
+def test_two_claude_code_sessions_with_one_key_stay_apart(engine, proxy):
+    base = proxy(reasoning_field="reasoning_content")
+    one, two = ({"x-claude-code-session-id": s} for s in ("session-one", "session-two"))
+    turn = first_turn(engine, base, headers=one)
+    second_turn(engine, base, turn, headers=two)
+    assert REASONING not in json.dumps(engine.requests[-1])
+    assert second_turn(engine, base, turn, headers=one)["reasoning_content"] == REASONING
+
+
 def test_a_client_that_hangs_up_after_the_last_token_still_gets_its_turn_recorded(engine, proxy):
     base = proxy(reasoning_field="reasoning_content")
     entries = stats(base)["entries"]
