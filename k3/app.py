@@ -9,6 +9,10 @@ Streams commit their 200 only once the first canonical event exists (or after on
 interval of silence), so an upstream that fails early gets a proper JSON error in the caller's
 dialect; a failure after that ends the stream with the dialect's error event. A client that
 disconnects cancels the turn, which closes the upstream connection at once.
+
+Reasoning continuity (k3.continuity): assistant turns are restored while the payload is built; a
+reply with reasoning or tool calls is recorded as soon as the upstream stream ends, before the
+client's last frames, or on the way out if the client left before that.
 """
 
 from __future__ import annotations
@@ -42,14 +46,16 @@ from k3.connection import (
     headers_of,
     send_json,
 )
+from k3.continuity import TurnMemory, open_memory
 from k3.detect import Detection, detect
 from k3.dialects import anthropic, chat, responses
 from k3.dialects.common import Turn, new_id
 from k3.errors import ProxyError, bad_request, error_body
+from k3.ir import Event
 from k3.pipeline import Collector, Translator, completion_to_chunk, make_text_parser
 from k3.tokens import estimate
 from k3.upstream import Upstream
-from k3.upstream_request import build_payload
+from k3.upstream_request import build_payload, tool_to_upstream
 
 log = logging.getLogger("k3")
 
@@ -81,12 +87,21 @@ class Stats:
         self.counters: Counter[str] = Counter()
         self.by_preset: Counter[str] = Counter()
         self.by_dialect: Counter[str] = Counter()
+        self.reasoning_fields: dict[str, Counter[str]] = {}  # preset -> where replies carried reasoning
+
+    def saw_reasoning(self, preset: str, field: str) -> None:
+        self.reasoning_fields.setdefault(preset, Counter())[field] += 1
 
     def json(self) -> dict[str, Any]:
         counters = {
             k: self.counters[k] for k in ("requests", "streamed", "errors", "disconnects", "count_tokens")
         }
-        return {"counters": counters, "by_preset": dict(self.by_preset), "by_dialect": dict(self.by_dialect)}
+        return {
+            "counters": counters,
+            "by_preset": dict(self.by_preset),
+            "by_dialect": dict(self.by_dialect),
+            "reasoning_fields": {p: dict(c) for p, c in self.reasoning_fields.items()},
+        }
 
 
 class K3:
@@ -96,6 +111,7 @@ class K3:
         self.config = config
         self.upstream = Upstream(config, upstream_transport)
         self.stats = Stats()
+        self.memory = open_memory(config)
         self._api_key = config.api_key.encode() if config.api_key else None
 
     # -- helpers --------------------------------------------------------------------------------
@@ -164,11 +180,19 @@ class K3:
             found = self.detect(dialect, headers, body)
             module = DIALECTS[dialect]
             request = module.ingress(body, self.config.model)
-            turn = Turn(dialect, found.preset, request, body, new_id(module.ID_PREFIX))
+            turn = Turn(
+                dialect,
+                found.preset,
+                request,
+                body,
+                new_id(module.ID_PREFIX),
+                show=self.config.show_reasoning,
+            )
             upstream_model = presets.upstream_model(
                 found.preset, request.model, self.config.model, self.config.small_model
             )
-            payload = orjson.dumps(build_payload(request, self.config, upstream_model))
+            memory = TurnMemory(self.memory, headers, found.preset.name)
+            payload = orjson.dumps(build_payload(request, self.config, upstream_model, memory))
         except ClientGone:
             self.stats.counters["disconnects"] += 1
             return
@@ -187,7 +211,10 @@ class K3:
                 request.stream, len(request.tools),
             )  # fmt: skip
         await self._watching(
-            receive, self._stream(turn, payload, send) if request.stream else self._json(turn, payload, send)
+            receive,
+            self._stream(turn, payload, memory, send)
+            if request.stream
+            else self._json(turn, payload, memory, send),
         )
 
     async def _watching(self, receive: Receive, work: Awaitable[None]) -> None:
@@ -207,23 +234,60 @@ class K3:
             timer.cancel()
             hangup.stop()
 
+    def _finish_record(
+        self, turn: Turn, memory: TurnMemory, events: list[Event], translator: Translator
+    ) -> None:
+        try:
+            events.extend(translator.finish())
+        except Exception:  # a parser that cannot finish: record what was already translated
+            log.exception("could not finish the abandoned turn")
+        self._record(turn, memory, events, translator)
+
     def _failed(self, turn: Turn, err: ProxyError) -> None:
         self.stats.counters["errors"] += 1
         log.warning("%s turn for %s failed: %d %s", turn.dialect, turn.preset.name, err.status, err.message)
 
-    def _translator(self, turn: Turn, payload: bytes) -> Translator:
-        return Translator(make_text_parser(self.config.tool_parser), turn.request.stop, len(payload) // 4)
+    def _translator(self, turn: Turn, payload: bytes, memory: TurnMemory) -> Translator:
+        parser_name = self.config.parser_for(turn.preset.tool_parser)
+        request = turn.request
+        parser = make_text_parser(
+            parser_name, self.config.reasoning_field, lambda: [tool_to_upstream(t) for t in request.tools]
+        )
+        # Chat has no vehicle for a signature; hidden reasoning is found again by fingerprint.
+        sign = memory.sign if turn.dialect != "chat" and turn.show_reasoning else None
+        vehicle = "kimi_k3" if parser_name == "kimi_k3" else "think"
+        return Translator(parser, request.stop, len(payload) // 4, sign, vehicle)
 
-    async def _json(self, turn: Turn, payload: bytes, send: Send) -> None:
+    def _record(
+        self, turn: Turn, memory: TurnMemory, events: list[Event] | Collector, translator: Translator
+    ) -> None:
+        """Ledger write for the finished reply (once; nothing for a plain text answer)."""
+        if memory.committed:
+            return
+        if translator.vehicle is None and not translator.tool_calls:
+            memory.committed = True  # nothing to restore later
+            return
+        if isinstance(events, Collector):
+            collector = events
+        else:
+            collector = Collector()
+            for event in events:
+                collector.add(event)
+        memory.commit(collector.parts, translator.vehicle)
+        if translator.vehicle is not None:
+            self.stats.saw_reasoning(turn.preset.name, translator.vehicle)
+
+    async def _json(self, turn: Turn, payload: bytes, memory: TurnMemory, send: Send) -> None:
         module = DIALECTS[turn.dialect]
         try:
             completion = await self.upstream.complete(payload)
-            translator = self._translator(turn, payload)
+            translator = self._translator(turn, payload, memory)
             collector = Collector()
             for event in translator.feed(completion_to_chunk(completion)):
                 collector.add(event)
             for event in translator.finish():
                 collector.add(event)
+            self._record(turn, memory, collector, translator)
             body = orjson.dumps(module.render(collector.response(), turn))
         except Exception as exc:
             err = exc if isinstance(exc, ProxyError) else _translation_error(exc)
@@ -231,13 +295,15 @@ class K3:
             return await send_json(send, err.status, error_body(turn.dialect, err))
         await send_json(send, 200, body, [(b"x-k3-preset", turn.preset.name.encode())])
 
-    async def _stream(self, turn: Turn, payload: bytes, send: Send) -> None:
+    async def _stream(self, turn: Turn, payload: bytes, memory: TurnMemory, send: Send) -> None:
         self.stats.counters["streamed"] += 1
         encoder = DIALECTS[turn.dialect].Stream(turn)
         headers = [*SSE_HEADERS, (b"x-k3-preset", turn.preset.name.encode())]
         writer = SSEWriter(send, encoder.start(), headers, encoder.keepalive, self.config.keepalive_interval)
-        translator = self._translator(turn, payload)
-        feed = encoder.feed
+        translator = self._translator(turn, payload, memory)
+        seen: list[Event] = []  # the reply so far, folded for the ledger only if it needs recording
+        feed, keep = encoder.feed, seen.extend
+        failed = False
         try:
             try:
                 async with self.upstream.stream(payload) as chunks:
@@ -245,13 +311,18 @@ class K3:
                     async for batch in chunks:
                         events = [e for chunk in batch for e in translator.feed(chunk)]
                         if events:
+                            keep(events)
                             await writer.write(b"".join([feed(e) for e in events]))
-                    await writer.close(b"".join([feed(e) for e in translator.finish()]))
+                    events = translator.finish()
+                    keep(events)
+                    self._record(turn, memory, seen, translator)  # before the client's last bytes
+                    await writer.close(b"".join([feed(e) for e in events]))
             except (ProxyError, asyncio.CancelledError):
                 raise
             except Exception as exc:
                 raise _translation_error(exc) from exc
         except ProxyError as err:
+            failed = True
             self._failed(turn, err)
             writer.disarm()
             if writer.committed:
@@ -260,6 +331,10 @@ class K3:
                 await send_json(send, err.status, error_body(turn.dialect, err))
         finally:
             writer.disarm()
+            if not failed and not memory.committed:
+                # The client left early (perhaps after the engine's last token, before our last
+                # frames): what it got may still come back next turn, so record it.
+                self._finish_record(turn, memory, seen, translator)
 
     # -- side routes ----------------------------------------------------------------------------
 
@@ -345,7 +420,7 @@ class K3:
             return await send_json(
                 send, 401, error_body("chat", ProxyError(401, "missing or invalid credentials"))
             )
-        await send_json(send, 200, orjson.dumps(self.stats.json()))
+        await send_json(send, 200, orjson.dumps({**self.stats.json(), "ledger": self.memory.stats()}))
 
     async def root(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Claude Code probes `HEAD /` before its first request.
@@ -424,5 +499,6 @@ def create_app(config: Config, *, upstream_transport: httpx.AsyncBaseTransport |
     async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
         yield
         await k3.upstream.aclose()
+        k3.memory.close()
 
     return K3App(k3, routes, turns, lifespan)

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import os
+import re
 import socket
+import sqlite3
 import sys
 import time
 from pathlib import Path
@@ -19,6 +23,28 @@ from k3.detect import ROUTE_DIALECT, detect
 from k3.errors import ProxyError
 
 DOCTOR_CLIENTS = ("claude-code", "codex", "opencode", "aider")
+
+
+def default_state_dir() -> str:
+    """Where the signing secret lives unless --state-dir says otherwise: $XDG_STATE_HOME/k3."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return os.path.join(base, "k3")
+
+
+class Duration(click.ParamType):
+    """Seconds, or a number with a unit: 90s, 30m, 12h, 7d."""
+
+    name = "duration"
+    _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    _FORM = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", re.I)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, int | float):
+            return float(value)
+        match = self._FORM.fullmatch(str(value))
+        if match is None or float(match.group(1)) <= 0:
+            self.fail(f"{value!r} is not a positive duration such as 3600, 90m, 12h or 7d", param, ctx)
+        return float(match.group(1)) * self._UNITS[match.group(2).lower()]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -82,15 +108,61 @@ small_model_option = click.option(
 @click.option("--api-key", envvar="K3_API_KEY", help="Require this token (Bearer or x-api-key) from clients.")
 @click.option(
     "--reasoning-field",
+    type=click.Choice(REASONING_FIELDS),
     default="reasoning_content",
     show_default=True,
-    help=f"Field the engine reads reasoning from on assistant turns ({' | '.join(REASONING_FIELDS)}).",
+    help="Where the engine carries reasoning, both ways: a message key (reasoning_content, reasoning), "
+    "inline <think> in the content (think), the Kimi K3 think channel (kimi_k3), nowhere (none), or "
+    "auto: read whichever each reply uses and send it back the same way.",
 )
 @click.option(
     "--tool-parser",
-    default="passthrough",
+    type=click.Choice(TOOL_PARSERS),
+    default=None,
+    help="Parser for tool calls the engine writes in its text (native tool_calls are always read). "
+    "Default: the client preset's (passthrough); kimi_k3 with --reasoning-field kimi_k3.",
+)
+@click.option(
+    "--show-reasoning/--hide-reasoning",
+    default=None,
+    help="Show reasoning to clients (thinking blocks, reasoning items, reasoning_content) or hide it. "
+    "Default: the client preset's (shown). Hidden reasoning is still restored on the next turn.",
+)
+@click.option(
+    "--ledger",
+    "ledger_path",
+    type=click.Path(dir_okay=False),
+    envvar="K3_LEDGER",
+    help="SQLite file (WAL) keeping each turn's exact reasoning and tool calls, so a restart loses "
+    "nothing (env K3_LEDGER). Default: in memory.",
+)
+@click.option(
+    "--ledger-max-entries",
+    default=4096,
     show_default=True,
-    help=f"Parser for tool calls written in the engine's text ({' | '.join(TOOL_PARSERS)}).",
+    type=click.IntRange(min=1),
+    help="Ledger size in turns (least recently used go first).",
+)
+@click.option(
+    "--ledger-max-mb",
+    default=128.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Ledger size in MiB.",
+)
+@click.option(
+    "--ledger-ttl",
+    default="7d",
+    show_default=True,
+    type=Duration(),
+    help="Forget a turn unused this long (3600, 90m, 12h, 7d).",
+)
+@click.option(
+    "--state-dir",
+    envvar="K3_STATE_DIR",
+    type=click.Path(file_okay=False),
+    help="Directory of the signing secret (k3-signing.key, mode 0600) that authenticates reasoning "
+    "signatures across restarts (env K3_STATE_DIR). Default: $XDG_STATE_HOME/k3 or ~/.local/state/k3.",
 )
 @click.option(
     "--connect-timeout", default=10.0, show_default=True, type=float, help="Seconds to connect upstream."
@@ -128,7 +200,13 @@ def serve(
     client: str | None,
     api_key: str | None,
     reasoning_field: str,
-    tool_parser: str,
+    tool_parser: str | None,
+    show_reasoning: bool | None,
+    ledger_path: str | None,
+    ledger_max_entries: int,
+    ledger_max_mb: float,
+    ledger_ttl: float,
+    state_dir: str | None,
     connect_timeout: float,
     read_timeout: float,
     max_body_mb: float,
@@ -150,6 +228,11 @@ def serve(
             api_key=api_key,
             reasoning_field=reasoning_field,
             tool_parser=tool_parser,
+            show_reasoning=show_reasoning,
+            ledger_path=ledger_path,
+            ledger_max_entries=ledger_max_entries,
+            ledger_max_bytes=max(1, int(ledger_max_mb * 1024 * 1024)),
+            ledger_ttl=ledger_ttl,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             max_body_bytes=int(max_body_mb * 1024 * 1024),
@@ -157,6 +240,8 @@ def serve(
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    state_dir = _usable_state_dir(state_dir)  # only once the options are known to be good
+    config = dataclasses.replace(config, state_dir=state_dir)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP explicitly: asyncio only disables Nagle on sockets whose proto says TCP, and with
     # Nagle on, every keep-alive response waits ~40 ms for the client's delayed ACK.
@@ -176,6 +261,11 @@ def serve(
     click.echo(
         f"client {'pinned: ' + client if client else f'auto-detected per request ({len(presets.PRESETS)} presets)'}"
     )
+    click.echo(
+        f"reasoning field {reasoning_field}, tool parser {tool_parser or 'per preset'}; ledger "
+        + (ledger_path or "in memory")
+        + (f", signing key in {state_dir}" if state_dir else ", signatures valid until restart")
+    )
     if host not in ("127.0.0.1", "::1", "localhost") and not api_key:
         click.echo("warning: listening beyond loopback without --api-key", err=True)
     _print_setup(
@@ -187,9 +277,13 @@ def serve(
     logging.getLogger("httpx").setLevel(
         max(logging.WARNING, logging.getLogger().level)
     )  # no line per side call
+    try:
+        app = create_app(config)
+    except (OSError, ValueError, sqlite3.Error) as exc:  # an unreadable ledger or secret
+        raise click.UsageError(f"cannot open the reasoning ledger: {exc}") from None
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(config),
+            app,
             log_level=log_level,
             access_log=False,
             lifespan="on",
@@ -197,6 +291,19 @@ def serve(
         )
     )
     server.run(sockets=[sock])
+
+
+def _usable_state_dir(state_dir: str | None) -> str | None:
+    """The state directory, created if needed; None (with a warning) when it cannot be."""
+    path = state_dir or default_state_dir()
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        if state_dir:
+            raise click.UsageError(f"cannot use --state-dir {path}: {exc}") from None
+        click.echo(f"warning: no state directory ({exc}); signatures will not survive a restart", err=True)
+        return None
+    return path
 
 
 @main.command(name="presets")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from k3.tools.registry import PARSER_NAMES
+
 DEFAULT_UPSTREAM = "http://127.0.0.1:8000/v1"
 DEFAULT_MODEL = "kimi-linear"
 
-# Values accepted today. The text tool parsers (k3/tools) and the other reasoning vehicles
-# (k3/reasoning) add theirs when they land; until then other names fail with a clear message.
-TOOL_PARSERS = ("passthrough",)
-REASONING_FIELDS = ("reasoning_content", "reasoning", "none")
+TOOL_PARSERS = PARSER_NAMES  # kimi_k3, kimi, hermes, json, pythonic, passthrough
+# Where the engine carries reasoning (k3.reasoning.fields), or "auto": read from each reply.
+REASONING_FIELDS = ("reasoning_content", "reasoning", "think", "kimi_k3", "none", "auto")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,29 +22,45 @@ class Config:
     small_model: str | None = None  # ... except small/fast ones (haiku, *-mini, ...) when this is set
     client: str | None = None  # pin one preset instead of detecting per request
     api_key: str | None = None  # require this token from clients (Bearer or x-api-key)
-    reasoning_field: str = "reasoning_content"  # where the engine reads reasoning on assistant turns
-    tool_parser: str = "passthrough"  # text tool-call parser applied to the engine's content
+    reasoning_field: str = "reasoning_content"  # how the engine carries reasoning, both ways
+    tool_parser: str | None = None  # text tool-call parser for the engine's content; None: the preset's
+    show_reasoning: bool | None = None  # reasoning shown to clients; None: the preset decides
+    ledger_path: str | None = None  # SQLite file for the reasoning ledger; None: in memory
+    ledger_max_entries: int = 4096
+    ledger_max_bytes: int = 128 << 20
+    ledger_ttl: float = 7 * 24 * 3600.0  # seconds since an entry was last used
+    state_dir: str | None = None  # holds the signing secret; None: a secret that dies with the process
     connect_timeout: float = 10.0
     read_timeout: float = 600.0
     max_body_bytes: int = 64 * 1024 * 1024
     keepalive_interval: float = 15.0  # seconds of upstream silence before a keep-alive frame
 
     def __post_init__(self) -> None:
-        if self.tool_parser not in TOOL_PARSERS:
+        if self.tool_parser is not None and self.tool_parser not in TOOL_PARSERS:
             raise ValueError(
-                f"--tool-parser {self.tool_parser!r} is not available yet; available: {', '.join(TOOL_PARSERS)}"
+                f"unknown --tool-parser {self.tool_parser!r}; choose one of: {', '.join(TOOL_PARSERS)}"
             )
         if self.reasoning_field not in REASONING_FIELDS:
             raise ValueError(
-                f"--reasoning-field {self.reasoning_field!r} is not available yet; "
-                f"available: {', '.join(REASONING_FIELDS)}"
+                f"unknown --reasoning-field {self.reasoning_field!r}; "
+                f"choose one of: {', '.join(REASONING_FIELDS)}"
             )
-        for name in ("connect_timeout", "read_timeout", "keepalive_interval"):
+        if self.reasoning_field == "kimi_k3" and self.tool_parser not in (None, "kimi_k3"):
+            # The K3 think channel is part of the XTML that only the kimi_k3 parser reads.
+            raise ValueError("--reasoning-field kimi_k3 needs --tool-parser kimi_k3 (or none given)")
+        for name in ("connect_timeout", "read_timeout", "keepalive_interval", "ledger_ttl"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-        if self.max_body_bytes <= 0:
-            raise ValueError("max_body_bytes must be positive")
+        for name in ("max_body_bytes", "ledger_max_entries", "ledger_max_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
 
     @property
     def upstream_base(self) -> str:
         return self.upstream.rstrip("/")
+
+    def parser_for(self, preset_parser: str) -> str:
+        """The text tool parser a turn uses: the flag, else what the reasoning field needs, else the preset's."""
+        if self.tool_parser is not None:
+            return self.tool_parser
+        return "kimi_k3" if self.reasoning_field == "kimi_k3" else preset_parser

@@ -125,7 +125,7 @@ class ReasoningDelta:
 @dataclass(slots=True)
 class ReasoningEnd:
     text: str  # the whole segment
-    signature: str | None = None  # filled by reasoning support (k3/reasoning), None until then
+    signature: str | None = None  # k3/reasoning's signature of the segment, when the client is shown it
 
 
 @dataclass(slots=True)
@@ -154,18 +154,6 @@ class Finish:
     stop_reason: StopReason
     usage: Usage
     stop_sequence: str | None = None  # the matched stop string, when the engine reports it
-
-
-@dataclass(slots=True)
-class ParsedToolCall:
-    """A complete tool call recognised in model *text* by a text parser (see pipeline.TextParser).
-
-    The pipeline expands it into ToolCallStart / ToolCallDelta / ToolCallEnd with its own index.
-    """
-
-    name: str
-    arguments: str
-    id: str | None = None
 
 
 Event = TextDelta | ReasoningDelta | ReasoningEnd | ToolCallStart | ToolCallDelta | ToolCallEnd | Finish

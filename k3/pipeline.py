@@ -1,13 +1,16 @@
 """Upstream OpenAI-Chat chunks -> the canonical event stream (see k3.ir for the contract).
 
-SEAM for text tool-call parsers (k3/tools): the engine's streamed `content` text goes through
-exactly one `TextParser` per turn, built by `make_text_parser(config.tool_parser)`. A parser
-gets text pieces through `feed(chunk)` and returns `TextDelta`, `ReasoningDelta` and
-`ParsedToolCall` events; `finish()` flushes what it held back. The pipeline turns each
-`ParsedToolCall` into ToolCallStart/ToolCallDelta/ToolCallEnd with its own index, closes open
-reasoning before visible output, and upgrades a plain `stop` to `tool_calls`. Native
-`tool_calls` deltas from the engine are handled here regardless of the parser. To add a parser,
-register its name in `make_text_parser` and in `config.TOOL_PARSERS`.
+The engine's streamed `content` text goes through exactly one text parser per turn, built by
+`make_text_parser` from the k3.tools parsers (`--tool-parser`), wrapped in a `ThinkSplitter` when
+the engine writes reasoning inline (`--reasoning-field think` or `auto`). A parser returns
+`Text`, `Reasoning` and complete `ToolCall` events; the pipeline turns each call into
+ToolCallStart/ToolCallDelta/ToolCallEnd with its own index, closes open reasoning before visible
+output, and upgrades a plain `stop` to `tool_calls`. Native `tool_calls` deltas from the engine
+(streamed arguments, parallel calls, interleaved indices) are handled here whatever the parser.
+`reasoning_content` and `reasoning` delta keys are always read.
+
+Reasoning segments close in one place, `Translator._close_reasoning`, which asks the optional
+`sign` callback for the segment's signature (Anthropic signature, Responses encrypted_content).
 
 A non-streaming upstream reply is first turned into one synthetic chunk
 (`completion_to_chunk`), so both modes run through the same code.
@@ -15,8 +18,8 @@ A non-streaming upstream reply is first turned into one synthetic chunk
 
 from __future__ import annotations
 
-import secrets
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
 import orjson
 
@@ -25,7 +28,6 @@ from k3.ir import (
     CanonicalResponse,
     Event,
     Finish,
-    ParsedToolCall,
     Part,
     ReasoningDelta,
     ReasoningEnd,
@@ -39,36 +41,22 @@ from k3.ir import (
     ToolCallStart,
     Usage,
 )
-
-ParserEvent = TextDelta | ReasoningDelta | ParsedToolCall
-
-
-class TextParser(Protocol):
-    def feed(self, chunk: str) -> list[ParserEvent]: ...
-
-    def finish(self) -> list[ParserEvent]: ...
+from k3.tools import Parser, Reasoning, Text, ThinkSplitter, make_parser
+from k3.tools.ids import new_call_id
+from k3.tools.passthrough import PassthroughParser
 
 
-class PassthroughParser:
-    """The engine parses tool calls itself (native `tool_calls`): content is plain text."""
-
-    __slots__ = ()
-
-    def feed(self, chunk: str) -> list[ParserEvent]:
-        return [TextDelta(chunk)]
-
-    def finish(self) -> list[ParserEvent]:
-        return []
-
-
-def make_text_parser(name: str) -> TextParser:
-    if name == "passthrough":
-        return PassthroughParser()
-    raise ValueError(f"unknown tool parser {name!r}")
-
-
-def new_call_id() -> str:
-    return "call_" + secrets.token_hex(12)
+def make_text_parser(
+    tool_parser: str, reasoning_field: str, tools: Callable[[], list[dict]] | None = None
+) -> Parser:
+    """A fresh parser for one turn. `tools` gives the request's OpenAI-Chat tool definitions
+    (only the `json` and `pythonic` parsers read them, so they are built only then)."""
+    parser = make_parser(
+        tool_parser, tools() if tools is not None and tool_parser in ("json", "pythonic") else None
+    )
+    if reasoning_field in ("think", "auto"):
+        parser = ThinkSplitter(parser)
+    return parser
 
 
 _FINISH = {
@@ -155,8 +143,19 @@ def parse_usage(raw: dict[str, Any]) -> Usage:
 class Translator:
     """Stateful, one per turn: `feed(chunk)` for each upstream chunk, then `finish()` once."""
 
-    def __init__(self, parser: TextParser, stop: list[str] | None = None, input_estimate: int = 0):
+    def __init__(
+        self,
+        parser: Parser,
+        stop: list[str] | None = None,
+        input_estimate: int = 0,
+        sign: Callable[[str], str] | None = None,
+        parser_vehicle: str = "think",
+    ):
         self._parser = parser
+        self._plain = type(parser) is PassthroughParser  # content is all visible text: no parser call
+        self._sign = sign
+        self._parser_vehicle = parser_vehicle  # what reasoning found in the text is called
+        self.vehicle: str | None = None  # where this reply's reasoning came from (for auto / stats)
         self._stop = stop or ()
         self._input_estimate = input_estimate
         self._reasoning: list[str] | None = None  # the open reasoning segment
@@ -166,7 +165,7 @@ class Translator:
         self._usage: Usage | None = None
         self._finish_reason: str | None = None
         self._stop_sequence: str | None = None
-        self._tool_calls = 0
+        self.tool_calls = 0  # calls announced so far
         self._chars = 0  # visible + reasoning characters, for the usage estimate
 
     # -- upstream side -------------------------------------------------------------------------
@@ -186,15 +185,23 @@ class Translator:
         if not isinstance(delta, dict):
             delta = choice.get("message")
         if isinstance(delta, dict):
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            reasoning = delta.get("reasoning_content")
+            key = "reasoning_content"
+            if not reasoning:
+                reasoning, key = delta.get("reasoning"), "reasoning"
             if reasoning and isinstance(reasoning, str):
+                if self.vehicle is None:
+                    self.vehicle = key
                 self._close_active(out)
                 self._reason(reasoning, out)
             content = delta.get("content")
             if content:
                 text = _text_of(content)
                 if text:
-                    self._apply(self._parser.feed(text), out)
+                    if self._plain:
+                        self._visible(text, out)
+                    else:
+                        self._apply(self._parser.feed(text), out)
             calls = delta.get("tool_calls")
             if calls and isinstance(calls, list):
                 for fragment in calls:
@@ -218,7 +225,7 @@ class Translator:
                 self._start(call, out)
                 self._close(call, out)
         stop: StopReason = _FINISH.get(self._finish_reason or "stop", "stop")  # type: ignore[assignment]
-        if self._tool_calls and stop == "stop":
+        if self.tool_calls and stop == "stop":
             stop = "tool_calls"
         usage = self._usage
         if usage is None:  # the engine sent none: a documented chars/4 estimate
@@ -240,19 +247,25 @@ class Translator:
 
     def _close_reasoning(self, out: list[Event]) -> None:
         if self._reasoning is not None:
-            out.append(ReasoningEnd("".join(self._reasoning)))
+            text = "".join(self._reasoning)
+            out.append(ReasoningEnd(text, self._sign(text) if self._sign is not None else None))
             self._reasoning = None
 
-    def _apply(self, events: list[ParserEvent], out: list[Event]) -> None:
+    def _visible(self, text: str, out: list[Event]) -> None:
+        self._close_active(out)
+        self._close_reasoning(out)
+        self._chars += len(text)
+        out.append(TextDelta(text))
+
+    def _apply(self, events: list[Any], out: list[Event]) -> None:
         for event in events:
-            if isinstance(event, TextDelta):
+            if isinstance(event, Text):
                 if event.text:
-                    self._close_active(out)
-                    self._close_reasoning(out)
-                    self._chars += len(event.text)
-                    out.append(event)
-            elif isinstance(event, ReasoningDelta):
+                    self._visible(event.text, out)
+            elif isinstance(event, Reasoning):
                 if event.text:
+                    if self.vehicle is None:
+                        self.vehicle = self._parser_vehicle
                     self._close_active(out)
                     self._reason(event.text, out)
             else:
@@ -260,7 +273,7 @@ class Translator:
                 self._close_reasoning(out)
                 index = self._next_index
                 self._next_index += 1
-                self._tool_calls += 1
+                self.tool_calls += 1
                 self._chars += len(event.arguments)
                 call_id = event.id or new_call_id()
                 out.append(ToolCallStart(index, call_id, event.name))
@@ -315,7 +328,7 @@ class Translator:
         call.started = True
         call.index = self._next_index
         self._next_index += 1
-        self._tool_calls += 1
+        self.tool_calls += 1
         if not call.id:
             call.id = new_call_id()
         out.append(ToolCallStart(call.index, call.id, call.name))

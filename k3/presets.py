@@ -2,7 +2,8 @@
 
 The dialect of a request always comes from its route; a preset adds what is specific to one
 client program: detection rules, the model names it is offered on `/v1/models`, the pattern of
-its small/fast model names, and the copy-paste setup printed by `k3 serve` and `k3 doctor`.
+its small/fast model names, the copy-paste setup printed by `k3 serve` and `k3 doctor`, and
+its defaults for what `--tool-parser` and `--show-reasoning/--hide-reasoning` override.
 """
 
 from __future__ import annotations
@@ -59,6 +60,13 @@ class Preset:
     small_models: re.Pattern[str] | None = None  # client model names routed to --small-model
     notes: str = ""
     status: str = "provisional"  # "captured": checked against real captured traffic
+    # The engine's text is parsed for tool calls with this (k3.tools); the engine usually parses
+    # its own (native `tool_calls`, always handled), so every preset starts from passthrough.
+    tool_parser: str = "passthrough"
+    # Reasoning reaches the client in its dialect's own form (thinking blocks with a signature,
+    # reasoning items with encrypted_content, Chat reasoning_content) unless this is False; hidden
+    # reasoning is still recorded and restored on the next turn.
+    show_reasoning: bool = True
 
 
 def _system_starts(prefix: str) -> Callable[[dict[str, Any]], bool]:

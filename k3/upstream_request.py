@@ -1,16 +1,16 @@
 """CanonicalRequest -> the OpenAI Chat Completions payload sent to `{upstream}/chat/completions`.
 
-SEAM for reasoning restoration (k3/reasoning): every assistant turn of every dialect reaches
-the engine through `assistant_to_upstream(message, config)`, and only through it. The message
-still carries what the client echoed: `ReasoningPart`s (thinking blocks with their signature,
-Responses reasoning items with `encrypted_content`, Chat `reasoning_content`), text and
-`ToolCallPart`s with the client's argument strings. Today the function rebuilds the turn from
-that echo; a ledger/signature lookup that returns the exact engine message plugs in here.
+Every assistant turn of every dialect reaches the engine through `assistant_to_upstream`, and
+only through it. The client's echo (text, tool calls with upstream ids, reasoning) goes to
+`TurnMemory.restore` (k3.continuity), which puts back the exact engine message recorded for that
+turn when it can find it: by the ledger id in an authentic signature, by the reasoning inside
+one, or by the fingerprint of the visible text and tool calls. Reasoning that arrives with a
+signature is only ever used through that signature: a forged or edited one brings nothing.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from k3.config import Config
 from k3.ir import (
@@ -23,20 +23,38 @@ from k3.ir import (
     ToolDef,
     ToolResultPart,
 )
+from k3.reasoning import render_upstream
+from k3.tools import Reasoning, ThinkSplitter
+
+if TYPE_CHECKING:
+    from k3.continuity import TurnMemory
 
 TOOL_ERROR_PREFIX = "[tool error] "
 
 
-def assistant_to_upstream(message: Message, config: Config) -> dict[str, Any] | None:
+def split_think(text: str) -> tuple[str, str]:
+    """(visible text, reasoning) of content that carries inline `<think>…</think>`."""
+    splitter = ThinkSplitter()
+    events = splitter.feed(text) + splitter.finish()
+    reasoning = "".join(e.text for e in events if isinstance(e, Reasoning))
+    return "".join(e.text for e in events if not isinstance(e, Reasoning)), reasoning
+
+
+def assistant_to_upstream(
+    message: Message, config: Config, memory: TurnMemory | None = None
+) -> dict[str, Any] | None:
     """The engine-side form of one assistant turn; None when it carries nothing at all."""
     text: list[str] = []
-    reasoning: list[str] = []
+    reasoning: list[str] = []  # reasoning the client sent without a signature (Chat echo)
+    signatures: list[str] = []
     calls: list[dict[str, Any]] = []
     for part in message.parts:
         if isinstance(part, TextPart):
             text.append(part.text)
         elif isinstance(part, ReasoningPart):
-            if not part.redacted:
+            if part.signature:
+                signatures.append(part.signature)
+            elif not part.redacted:
                 reasoning.append(part.text)
         elif isinstance(part, ToolCallPart):
             calls.append(
@@ -46,14 +64,22 @@ def assistant_to_upstream(message: Message, config: Config) -> dict[str, Any] | 
                     "function": {"name": part.name, "arguments": part.arguments},
                 }
             )
-    if not (text or reasoning or calls):
+    visible = "".join(text)
+    if "<think>" in visible:  # an inline-think client: the fingerprint is over visible text only
+        visible, inline = split_think(visible)
+        reasoning.insert(0, inline)
+    echoed = "".join(reasoning)
+    if not (visible or echoed or signatures or calls):
         return None
-    out: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
-    if reasoning and config.reasoning_field != "none":
-        out[config.reasoning_field] = "".join(reasoning)
-    if calls:
-        out["tool_calls"] = calls
-    return out
+    if memory is not None:
+        echo: dict[str, Any] = {"role": "assistant", "content": visible}
+        if echoed:
+            echo["reasoning_content"] = echoed
+        if calls:
+            echo["tool_calls"] = calls
+        return memory.restore(echo, signatures)
+    field = "reasoning_content" if config.reasoning_field == "auto" else config.reasoning_field
+    return render_upstream({"content": visible, "reasoning": echoed, "tool_calls": calls}, field)
 
 
 def _image(part: ImagePart) -> dict[str, Any]:
@@ -79,7 +105,9 @@ def tool_to_upstream(tool: ToolDef) -> dict[str, Any]:
     }
 
 
-def messages_to_upstream(messages: list[Message], config: Config) -> list[dict[str, Any]]:
+def messages_to_upstream(
+    messages: list[Message], config: Config, memory: TurnMemory | None = None
+) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     pending_images: list[ImagePart] = []  # images returned by tools, shown after the run of results
     for message in messages:
@@ -88,7 +116,7 @@ def messages_to_upstream(messages: list[Message], config: Config) -> list[dict[s
             out.append({"role": "user", "content": [_image(p) for p in pending_images]})
             pending_images = []
         if role == "assistant":
-            lowered = assistant_to_upstream(message, config)
+            lowered = assistant_to_upstream(message, config, memory)
             if lowered is not None:
                 out.append(lowered)
         elif role == "tool":
@@ -110,10 +138,13 @@ def messages_to_upstream(messages: list[Message], config: Config) -> list[dict[s
     return out
 
 
-def build_payload(request: CanonicalRequest, config: Config, upstream_model: str) -> dict[str, Any]:
+def build_payload(
+    request: CanonicalRequest, config: Config, upstream_model: str, memory: TurnMemory | None = None
+) -> dict[str, Any]:
+    """The engine payload; with `memory`, assistant turns are restored from the ledger."""
     payload: dict[str, Any] = {
         "model": upstream_model,
-        "messages": messages_to_upstream(request.messages, config),
+        "messages": messages_to_upstream(request.messages, config, memory),
         "stream": request.stream,
     }
     if request.tools:

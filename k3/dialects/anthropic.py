@@ -1,4 +1,7 @@
-"""Anthropic Messages (`/v1/messages`): Claude Code, opencode's Anthropic provider, the SDKs."""
+"""Anthropic Messages (`/v1/messages`): Claude Code, opencode's Anthropic provider, the SDKs.
+
+Tool-call ids are the engine's, shown as `toolu_…` (k3.tools.ids) and mapped back on the way in.
+"""
 
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ from k3.ir import (
     Usage,
 )
 from k3.sse import named
+from k3.tools.ids import from_anthropic_id, to_anthropic_id
 
 ID_PREFIX = "msg_"
 DEFAULT_SCHEMA = {"type": "object", "properties": {}}
@@ -63,7 +67,7 @@ _EFFORT = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "m
 
 
 def _tool_result(block: dict[str, Any], where: str) -> ToolResultPart:
-    call_id = as_str(block.get("tool_use_id"), f"{where}.tool_use_id")
+    call_id = from_anthropic_id(as_str(block.get("tool_use_id"), f"{where}.tool_use_id"))
     content = block.get("content")
     images: list[ImagePart] = []
     if content is None:
@@ -127,7 +131,7 @@ def _blocks(content: Any, role: str, where: str) -> tuple[list[Part], list[ToolR
         elif kind == "tool_result":
             results.append(_tool_result(block, block_where))
         elif kind == "tool_use" and role == "assistant":
-            call_id = as_str(block.get("id"), f"{block_where}.id")
+            call_id = from_anthropic_id(as_str(block.get("id"), f"{block_where}.id"))
             name = as_str(block.get("name"), f"{block_where}.name")
             parts.append(ToolCallPart(call_id, name, arguments_text(block.get("input"))))
         elif kind == "thinking" and role == "assistant":
@@ -286,7 +290,12 @@ def render(response: CanonicalResponse, turn: Turn) -> dict[str, Any]:
             content.append({"type": "text", "text": part.text})
         elif isinstance(part, ToolCallPart):
             content.append(
-                {"type": "tool_use", "id": part.id, "name": part.name, "input": tool_input(part.arguments)}
+                {
+                    "type": "tool_use",
+                    "id": to_anthropic_id(part.id),
+                    "name": part.name,
+                    "input": tool_input(part.arguments),
+                }
             )
         elif isinstance(part, ReasoningPart) and show:
             content.append({"type": "thinking", "thinking": part.text, "signature": part.signature or ""})
@@ -378,7 +387,8 @@ class Stream:
             return tail + self._close()
         if isinstance(event, ToolCallStart):
             return self._open_block(
-                "tool_use", {"type": "tool_use", "id": event.id, "name": event.name, "input": {}}
+                "tool_use",
+                {"type": "tool_use", "id": to_anthropic_id(event.id), "name": event.name, "input": {}},
             )
         if isinstance(event, ToolCallDelta):
             return self._delta(b"input_json_delta", b"partial_json", event.text)

@@ -40,8 +40,8 @@ from k3.ir import (
     ToolResultPart,
     Usage,
 )
-from k3.pipeline import new_call_id
 from k3.sse import DONE, unnamed
+from k3.tools.ids import new_call_id
 
 ID_PREFIX = "chatcmpl-"
 DEFAULT_SCHEMA = {"type": "object", "properties": {}}
@@ -236,7 +236,9 @@ def _tool_call(index: int, part: ToolCallPart) -> dict[str, Any]:
 
 def render(response: CanonicalResponse, turn: Turn) -> dict[str, Any]:
     text = "".join(p.text for p in response.parts if isinstance(p, TextPart))
-    reasoning = "".join(p.text for p in response.parts if isinstance(p, ReasoningPart))
+    reasoning = (
+        "".join(p.text for p in response.parts if isinstance(p, ReasoningPart)) if turn.show_reasoning else ""
+    )
     calls = [_tool_call(i, p) for i, p in enumerate(p for p in response.parts if isinstance(p, ToolCallPart))]
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
     if reasoning:
@@ -273,6 +275,7 @@ class Stream:
         self._head = head
         # OpenAI sends the usage chunk only when asked; so do we.
         self._usage = turn.request.include_usage is True
+        self._show = turn.show_reasoning
 
     def _chunk(self, delta: dict[str, Any] | bytes, finish: str | None = None) -> bytes:
         body = delta if isinstance(delta, bytes) else orjson.dumps(delta)
@@ -290,6 +293,8 @@ class Stream:
         if isinstance(event, TextDelta):
             return self._chunk(b'{"content":' + orjson.dumps(event.text) + b"}")
         if isinstance(event, ReasoningDelta):
+            if not self._show:
+                return b""
             return self._chunk(b'{"reasoning_content":' + orjson.dumps(event.text) + b"}")
         if isinstance(event, ToolCallStart):
             call = {

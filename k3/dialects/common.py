@@ -128,8 +128,11 @@ class Turn:
     body: dict[str, Any]  # the client's body, for values echoed back (Responses envelope)
     id: str
     created: int = field(default_factory=lambda: int(time.time()))
+    show: bool | None = None  # --show-reasoning / --hide-reasoning; None: the preset decides
 
     @property
     def show_reasoning(self) -> bool:
         # Anthropic: a client that turned thinking off gets no thinking blocks (and rejects them next turn).
-        return self.request.thinking_enabled is not False
+        if self.request.thinking_enabled is False:
+            return False
+        return self.preset.show_reasoning if self.show is None else self.show

@@ -1,7 +1,8 @@
 """OpenAI Responses (`/v1/responses`): Codex, opencode's Responses provider, the SDK.
 
 Stateless: `store`/`previous_response_id` are not kept (Codex resends the whole history with
-`store:false`). Freeform `custom` tools (Codex's apply_patch) reach the engine as a function
+`store:false`); reasoning comes back through `encrypted_content` (k3.continuity). Tool-call ids
+are the engine's, shown as `call_…` in `call_id` (k3.tools.ids) and mapped back on the way in. Freeform `custom` tools (Codex's apply_patch) reach the engine as a function
 with one `input` string and come back as `custom_tool_call` items.
 """
 
@@ -47,6 +48,7 @@ from k3.ir import (
     Usage,
 )
 from k3.sse import named
+from k3.tools.ids import from_responses_id, to_responses_id
 
 ID_PREFIX = "resp_"
 DEFAULT_SCHEMA = {"type": "object", "properties": {}}
@@ -143,8 +145,7 @@ def _input(value: Any) -> list[Message]:
             if part is not None:
                 assistant_turn().parts.append(part)
         elif kind in ("function_call", "custom_tool_call"):
-            call_id = item.get("call_id", item.get("id"))
-            call_id = as_str(call_id, f"{where}.call_id")
+            call_id = from_responses_id(as_str(item.get("call_id", item.get("id")), f"{where}.call_id"))
             name = as_str(item.get("name"), f"{where}.name")
             if kind == "function_call":
                 arguments = arguments_text(item.get("arguments"))
@@ -154,7 +155,7 @@ def _input(value: Any) -> list[Message]:
                 part = ToolCallPart(call_id, name, orjson.dumps({"input": text}).decode(), custom=True)
             assistant_turn().parts.append(part)
         elif kind in ("function_call_output", "custom_tool_call_output"):
-            call_id = as_str(item.get("call_id", item.get("id")), f"{where}.call_id")
+            call_id = from_responses_id(as_str(item.get("call_id", item.get("id")), f"{where}.call_id"))
             text, images = _output(item.get("output"), f"{where}.output")
             messages.append(Message("tool", [ToolResultPart(call_id, text, False, images)]))
         elif not isinstance(kind, str):
@@ -319,8 +320,9 @@ def _message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
 
 
 def _call_item(
-    item_id: str, call_id: str, name: str, arguments: str, custom: bool, status: str
+    item_id: str, upstream_id: str, name: str, arguments: str, custom: bool, status: str
 ) -> dict[str, Any]:
+    call_id = to_responses_id(upstream_id)
     if custom:
         return {
             "type": "custom_tool_call",
@@ -375,9 +377,11 @@ def render(response: CanonicalResponse, turn: Turn) -> dict[str, Any]:
     items = _Items(turn)
     custom = _custom_names(turn)
     output = []
+    show = turn.show_reasoning
     for part in response.parts:
         if isinstance(part, ReasoningPart):
-            output.append(_reasoning_item(items.next("rs"), part.text, part.signature, "completed"))
+            if show:
+                output.append(_reasoning_item(items.next("rs"), part.text, part.signature, "completed"))
         elif isinstance(part, TextPart):
             output.append(_message_item(items.next("msg"), part.text, "completed"))
         elif isinstance(part, ToolCallPart):
@@ -405,6 +409,7 @@ class Stream:
         self._id = ""
         self._text: list[str] = []
         self._call: ToolCallStart | None = None
+        self._show = turn.show_reasoning
 
     def _frame(self, kind: str, data: dict[str, Any]) -> bytes:
         frame = named(kind, {"type": kind, **data, "sequence_number": self._seq})
@@ -465,6 +470,8 @@ class Stream:
                 "response.output_text.delta", {"content_index": 0, "delta": event.text, "logprobs": []}
             )
         if isinstance(event, ReasoningDelta):
+            if not self._show:
+                return b""
             out = b""
             if self._open != "reasoning":
                 item = _reasoning_item(self._items.next("rs"), "", None, "in_progress")

@@ -13,11 +13,20 @@ an error mid-way. `GET .../models` lists the model. The tokenizer endpoints foll
 `POST /apply-template {messages} -> {prompt}` and `POST /tokenize {content} -> {tokens}`; None
 serves neither. Every client disconnect during a stream is counted
 in `disconnects` and sets `disconnected`, so a test can see the proxy close the connection.
+
+The engine's own formats are scriptable: `Reply.reasoning_key` puts reasoning in a delta key
+(`reasoning_content`, `reasoning`, any other name), inline in the content (`think`: `<think>…</think>`) or in the
+Kimi K3 think channel (`kimi_k3`); `Reply.tool_format` sends tool calls natively (`native`) or
+writes them into the content in a text format a `--tool-parser` reads (`kimi_k3`, `kimi`,
+`hermes`, `json`, `pythonic`; for the last two the reply is the call list alone, so leave
+`content` empty). `model_text(reply)` is the content the engine writes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import html
+import json
 import socket
 import threading
 from collections import deque
@@ -44,7 +53,9 @@ class Reply:
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None  # default: "tool_calls" when there are calls, else "stop"
     usage: bool = True  # send usage (always in JSON; in streams as the final chunk)
-    reasoning_key: str = "reasoning_content"  # "reasoning" for newer vLLM
+    # A delta key ("reasoning" for newer vLLM), or "think" (inline) / "kimi_k3" (XTML channel) in content.
+    reasoning_key: str = "reasoning_content"
+    tool_format: str = "native"  # or a text format: "kimi_k3", "kimi", "hermes", "json", "pythonic"
     stop_reason: str | None = None  # vLLM's matched stop string
     status: int = 200  # >= 400: answer with an error body instead
     error: str = "scripted upstream error"
@@ -54,9 +65,71 @@ class Reply:
     drop_after: int | None = None  # drop the connection after this many chunks (an engine crash)
     error_after: int | None = None  # after this many chunks send an {"error": ...} chunk and stop
 
+    def __post_init__(self) -> None:
+        if self.tool_format not in TOOL_FORMATS:
+            raise ValueError(
+                f"unknown tool_format {self.tool_format!r}; choose one of: {', '.join(TOOL_FORMATS)}"
+            )
+
+
+IN_CONTENT = ("think", "kimi_k3")  # reasoning_key values that write reasoning into the content
+TOOL_FORMATS = ("native", "kimi_k3", "kimi", "hermes", "json", "pythonic")
+
 
 def _slices(text: str, size: int) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _python_call(call: ToolCall) -> str:
+    arguments = json.loads(call.arguments or "{}")
+    return f"{call.name}({', '.join(f'{key}={value!r}' for key, value in arguments.items())})"
+
+
+def _calls_text(calls: list[ToolCall], fmt: str) -> str:
+    if not calls:
+        return ""
+    if fmt == "kimi_k3":  # the raw `json` element keeps the argument bytes
+        return (
+            "<|open|>tools<|sep|>"
+            + "".join(
+                f'<|open|>call tool="{html.escape(c.name)}" index="{i + 1}"<|sep|>'
+                f'<|open|>json type="object"<|sep|>{c.arguments}<|close|>json<|sep|><|close|>call<|sep|>'
+                for i, c in enumerate(calls)
+            )
+            + "<|close|>tools<|sep|>"
+        )
+    if fmt == "kimi":
+        return (
+            "<|tool_calls_section_begin|>"
+            + "".join(
+                f"<|tool_call_begin|>functions.{c.name}:{i}<|tool_call_argument_begin|>{c.arguments}<|tool_call_end|>"
+                for i, c in enumerate(calls)
+            )
+            + "<|tool_calls_section_end|>"
+        )
+    objects = [f'{{"name": {json.dumps(c.name)}, "arguments": {c.arguments}}}' for c in calls]
+    if fmt == "hermes":
+        return "".join(f"<tool_call>{o}</tool_call>" for o in objects)
+    if fmt == "json":
+        return objects[0] if len(objects) == 1 else "[" + ", ".join(objects) + "]"
+    if fmt == "pythonic":
+        return "[" + ", ".join(_python_call(c) for c in calls) + "]"
+    raise ValueError(f"unknown tool_format {fmt!r}; choose one of: {', '.join(TOOL_FORMATS)}")
+
+
+def model_text(reply: Reply) -> str:
+    """The content the engine writes: inline reasoning, the answer, then text-format tool calls."""
+    head = ""
+    if reply.reasoning and reply.reasoning_key == "think":
+        head = f"<think>{reply.reasoning}</think>"
+    elif reply.reasoning and reply.reasoning_key == "kimi_k3":
+        head = f"<|open|>think<|sep|>{reply.reasoning}<|close|>think<|sep|>"
+    calls = "" if reply.tool_format == "native" else _calls_text(reply.tool_calls, reply.tool_format)
+    return head + reply.content + calls
+
+
+def _native_calls(reply: Reply) -> list[ToolCall]:
+    return reply.tool_calls if reply.tool_format == "native" else []
 
 
 class FakeUpstream:
@@ -113,10 +186,10 @@ class FakeUpstream:
         return reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
 
     def completion(self, payload: dict[str, Any], reply: Reply) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": reply.content or None}
-        if reply.reasoning:
+        message: dict[str, Any] = {"role": "assistant", "content": model_text(reply) or None}
+        if reply.reasoning and reply.reasoning_key not in IN_CONTENT:
             message[reply.reasoning_key] = reply.reasoning
-        if reply.tool_calls:
+        if _native_calls(reply):
             message["tool_calls"] = [
                 {
                     "id": c.id or f"call_fake{i}",
@@ -154,9 +227,10 @@ class FakeUpstream:
             return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, **extra}]}
 
         out = [chunk({"role": "assistant", "content": ""})]
-        out += [chunk({reply.reasoning_key: s}) for s in _slices(reply.reasoning, reply.chunk_chars)]
-        out += [chunk({"content": s}) for s in _slices(reply.content, reply.chunk_chars)]
-        for i, call in enumerate(reply.tool_calls):
+        if reply.reasoning_key not in IN_CONTENT:
+            out += [chunk({reply.reasoning_key: s}) for s in _slices(reply.reasoning, reply.chunk_chars)]
+        out += [chunk({"content": s}) for s in _slices(model_text(reply), reply.chunk_chars)]
+        for i, call in enumerate(_native_calls(reply)):
             first = {
                 "index": i,
                 "id": call.id or f"call_fake{i}",

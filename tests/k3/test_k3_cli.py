@@ -9,7 +9,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from k3 import presets
-from k3.cli import main
+from k3.cli import Duration, main
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures" / "client_requests.jsonl"
@@ -52,10 +52,24 @@ def test_detect_a_capture_file_and_hand_made_headers(tmp_path):
 def test_serve_rejects_bad_options_before_binding():
     unknown = CliRunner().invoke(main, ["serve", "--client", "nope"])
     assert unknown.exit_code == 2 and "claude-code" in unknown.output
-    parser = CliRunner().invoke(main, ["serve", "--tool-parser", "kimi_k3", "--port", "0"])
-    assert parser.exit_code == 2 and "not available yet" in parser.output
+    parser = CliRunner().invoke(main, ["serve", "--tool-parser", "kimi_k9", "--port", "0"])
+    assert parser.exit_code == 2 and "kimi_k3" in parser.output and "pythonic" in parser.output
     field = CliRunner().invoke(main, ["serve", "--reasoning-field", "inline", "--port", "0"])
-    assert field.exit_code == 2 and "not available yet" in field.output
+    assert field.exit_code == 2 and "think" in field.output and "auto" in field.output
+    clash = CliRunner().invoke(
+        main, ["serve", "--reasoning-field", "kimi_k3", "--tool-parser", "hermes", "--port", "0"]
+    )
+    assert clash.exit_code == 2 and "needs --tool-parser kimi_k3" in clash.output
+    for flag, value in (("--ledger-ttl", "0"), ("--ledger-ttl", "7 weeks"), ("--ledger-max-entries", "0")):
+        bad = CliRunner().invoke(main, ["serve", flag, value, "--port", "0"])
+        assert bad.exit_code == 2 and flag in bad.output, (flag, value, bad.output)
+
+
+def test_durations_take_units():
+    duration = Duration()
+    assert [duration.convert(v, None, None) for v in ("3600", "90m", "12h", "7d", "1.5h")] == [
+        3600, 5400, 43200, 604800, 5400,
+    ]  # fmt: skip
 
 
 def test_doctor_against_a_live_engine_and_a_dead_one(live):
@@ -78,3 +92,14 @@ def test_docs_mention_only_real_flags_and_presets():
         presets.get(name)
     for preset in presets.PRESETS:
         assert f"`{preset.name}`" in docs
+
+
+def test_serve_refuses_a_ledger_or_state_dir_it_cannot_use(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    ledger = CliRunner().invoke(
+        main, ["serve", "--port", "0", "--state-dir", str(tmp_path), "--ledger", str(blocker / "ledger.db")]
+    )
+    assert ledger.exit_code == 2 and "cannot open the reasoning ledger" in ledger.output
+    state = CliRunner().invoke(main, ["serve", "--port", "0", "--state-dir", str(blocker)])
+    assert state.exit_code == 2 and "--state-dir" in state.output

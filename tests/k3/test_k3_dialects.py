@@ -83,7 +83,7 @@ def test_anthropic_ingress_system_tools_results_and_images():
             {
                 "role": "assistant",
                 "content": [
-                    {"type": "thinking", "thinking": "hmm", "signature": "sig"},
+                    {"type": "thinking", "thinking": "hmm", "signature": "sig"},  # not ours: dropped
                     {"type": "text", "text": "ok"},
                     {"type": "tool_use", "id": "call_9", "name": "bash", "input": {"cmd": "ls"}},
                 ],
@@ -126,7 +126,6 @@ def test_anthropic_ingress_system_tools_results_and_images():
         {
             "role": "assistant",
             "content": "ok",
-            "reasoning_content": "hmm",
             "tool_calls": [
                 {
                     "id": "call_9",
@@ -198,7 +197,8 @@ def test_anthropic_json_egress_is_a_valid_message():
     body = anthropic_dialect.render(RESPONSE, t)
     message = anthropic.types.Message.model_validate(body)
     assert [b.type for b in message.content] == ["thinking", "text", "tool_use"]
-    assert message.content[2].input == {"cmd": "ls"} and message.content[2].id == "call_1"
+    # Engine ids reach Anthropic clients as toolu_ ids and map back exactly.
+    assert message.content[2].input == {"cmd": "ls"} and message.content[2].id == "toolu_k3_call_1"
     assert message.stop_reason == "tool_use" and message.model == "claude-x"
     assert (
         message.usage.input_tokens,
@@ -315,19 +315,34 @@ def test_chat_ingress_keeps_arguments_byte_exact_and_forwards_engine_keys():
     assert "n" not in out and "user" not in out and out["response_format"] == {"type": "json_object"}
 
 
-def test_reasoning_field_none_and_reasoning():
+def test_reasoning_field_none_reasoning_and_think():
     body = {"messages": [{"role": "assistant", "content": "x", "reasoning_content": "r"}]}
     assert (
         "reasoning_content" not in payload(chat_dialect, body, Config(reasoning_field="none"))["messages"][0]
     )
     assert payload(chat_dialect, body, Config(reasoning_field="reasoning"))["messages"][0]["reasoning"] == "r"
+    inline = payload(chat_dialect, body, Config(reasoning_field="think"))["messages"][0]
+    assert inline["content"] == "<think>r</think>x" and "reasoning_content" not in inline
+    k3_channel = payload(chat_dialect, body, Config(reasoning_field="kimi_k3"))["messages"][0]
+    assert k3_channel["reasoning_content"] == "r"
 
 
-def test_config_rejects_parsers_and_fields_not_available_yet():
-    with pytest.raises(ValueError, match="not available yet"):
-        Config(tool_parser="kimi_k3")
-    with pytest.raises(ValueError, match="not available yet"):
+def test_inline_think_in_a_client_echo_is_split_from_the_visible_text():
+    body = {"messages": [{"role": "assistant", "content": "<think>r</think>x"}]}
+    message = payload(chat_dialect, body, Config())["messages"][0]
+    assert (message["content"], message["reasoning_content"]) == ("x", "r")
+
+
+def test_config_rejects_unknown_parsers_and_fields():
+    with pytest.raises(ValueError, match="unknown --tool-parser"):
+        Config(tool_parser="kimi_k9")
+    with pytest.raises(ValueError, match="unknown --reasoning-field"):
         Config(reasoning_field="inline")
+    with pytest.raises(ValueError, match="needs --tool-parser kimi_k3"):
+        Config(reasoning_field="kimi_k3", tool_parser="json")
+    assert Config(reasoning_field="kimi_k3").parser_for("passthrough") == "kimi_k3"
+    assert Config(tool_parser="hermes").parser_for("passthrough") == "hermes"
+    assert Config().parser_for("kimi") == "kimi"
 
 
 def test_chat_json_egress_is_a_valid_completion():
@@ -375,7 +390,7 @@ def test_responses_ingress_merges_assistant_siblings_and_translates_tool_choice(
                 "type": "reasoning",
                 "id": "rs_1",
                 "summary": [{"type": "summary_text", "text": "think"}],
-                "encrypted_content": "enc",
+                "encrypted_content": "enc",  # not one of ours: the reasoning is not forwarded
             },
             {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "calling"}]},
             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"a" : 1}'},
@@ -413,7 +428,6 @@ def test_responses_ingress_merges_assistant_siblings_and_translates_tool_choice(
         {
             "role": "assistant",
             "content": "calling",
-            "reasoning_content": "think",
             "tool_calls": [
                 {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a" : 1}'}}
             ],
@@ -498,7 +512,7 @@ def test_responses_custom_tool_call_round_trips_as_custom_item():
     assert (
         item.type == "custom_tool_call"
         and item.input == "*** Begin Patch\n*** End Patch\n"
-        and item.call_id == "c9"
+        and item.call_id == "call_k3_c9"  # the engine's "c9", in the Responses style
     )
     rendered = responses_dialect.render(
         CanonicalResponse([ToolCallPart("c9", "apply_patch", args)], "tool_calls", Usage()), t

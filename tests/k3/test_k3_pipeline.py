@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 from k3.errors import ProxyError
 from k3.ir import (
     Finish,
-    ParsedToolCall,
     ReasoningDelta,
     ReasoningEnd,
     ReasoningPart,
@@ -22,9 +21,12 @@ from k3.ir import (
     ToolCallPart,
     ToolCallStart,
 )
-from k3.pipeline import Collector, PassthroughParser, Translator, completion_to_chunk, make_text_parser
+from k3.pipeline import Collector, Translator, completion_to_chunk, make_text_parser
 from k3.sse import SSEDecoder
 from k3.testing.fake_upstream import FakeUpstream, Reply, ToolCall
+from k3.tools import PARSER_NAMES, Reasoning, Text, ThinkSplitter
+from k3.tools import ToolCall as ParsedCall
+from k3.tools.passthrough import PassthroughParser
 
 
 def chunk(delta=None, finish=None, **extra):
@@ -175,12 +177,7 @@ class ScriptedParser:
 
     def finish(self):
         before, _, after = self.buffer.partition("CALL")
-        return [
-            TextDelta(before),
-            ReasoningDelta("hidden"),
-            ParsedToolCall("f", '{"x": 1}'),
-            TextDelta(after),
-        ]
+        return [Text(before), Reasoning("hidden"), ParsedCall("", "f", '{"x": 1}'), Text(after)]
 
 
 def test_text_parser_seam_expands_parsed_calls_and_upgrades_stop():
@@ -195,10 +192,35 @@ def test_text_parser_seam_expands_parsed_calls_and_upgrades_stop():
     assert fold(events).parts[2] == ToolCallPart(events[3].id, "f", '{"x": 1}')
 
 
-def test_make_text_parser_knows_passthrough_only_for_now():
-    assert isinstance(make_text_parser("passthrough"), PassthroughParser)
+def test_make_text_parser_builds_every_parser_and_wraps_inline_think():
+    for name in PARSER_NAMES:
+        assert not isinstance(make_text_parser(name, "reasoning_content"), ThinkSplitter)
+        assert isinstance(make_text_parser(name, "think"), ThinkSplitter)
+        assert isinstance(make_text_parser(name, "auto"), ThinkSplitter)
     with pytest.raises(ValueError):
-        make_text_parser("kimi_k3")
+        make_text_parser("nope", "reasoning_content")
+
+
+def test_reasoning_segments_are_signed_where_they_close():
+    signed = []
+
+    def sign(text):
+        signed.append(text)
+        return f"sig-{len(signed)}"
+
+    translator = Translator(PassthroughParser(), sign=sign)
+    events = translator.feed(chunk({"reasoning_content": "r1"})) + translator.feed(chunk({"content": "t"}))
+    events += translator.feed(chunk({"reasoning": "r2"}, "stop")) + translator.finish()
+    ends = [e for e in events if isinstance(e, ReasoningEnd)]
+    assert [(e.text, e.signature) for e in ends] == [("r1", "sig-1"), ("r2", "sig-2")]
+    assert translator.vehicle == "reasoning_content"
+
+
+def test_reasoning_found_in_text_names_the_parsers_vehicle():
+    translator = Translator(make_text_parser("hermes", "think"), parser_vehicle="think")
+    events = translator.feed(chunk({"content": "<think>plan</think>ok"}, "stop")) + translator.finish()
+    assert kinds(events) == ["ReasoningDelta", "ReasoningEnd", "TextDelta", "Finish"]
+    assert translator.vehicle == "think" and events[1].signature is None
 
 
 @pytest.mark.parametrize(

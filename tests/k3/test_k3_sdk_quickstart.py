@@ -39,7 +39,11 @@ def quickstart_command() -> list[str]:
 @pytest.fixture(scope="module")
 def served() -> Iterator[tuple[FakeUpstream, str]]:
     fake = FakeUpstream()
-    with serve_in_thread(fake) as upstream, tempfile.TemporaryFile() as log:
+    with (
+        serve_in_thread(fake) as upstream,
+        tempfile.TemporaryFile() as log,
+        tempfile.TemporaryDirectory() as state,
+    ):
         args = quickstart_command()
         args[args.index("--upstream") + 1] = upstream
         command = [
@@ -54,7 +58,8 @@ def served() -> Iterator[tuple[FakeUpstream, str]]:
             "--log-level",
             "warning",
         ]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # The signing secret goes to $XDG_STATE_HOME/k3: a temporary one, not the user's.
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_STATE_HOME": state}
         proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, env=env)
         try:
             base = _wait_for_banner(proc)

@@ -1,0 +1,94 @@
+"""Reasoning continuity: the proxy's side of k3.reasoning.
+
+A turn that produced reasoning or tool calls is recorded in the ledger (reasoning text, visible
+text, raw tool-call argument strings, upstream ids) and each reasoning segment shown to the
+client is signed. When the client sends that turn back, `TurnMemory.restore` puts the recorded
+engine message in its place (k3.reasoning.memory gives the lookup order and the security rules).
+
+Sessions: entries and signatures belong to the client that received them, identified by its
+credential (x-api-key or Authorization), its preset and, when it sends one, its own session
+header (Claude Code, Codex, opencode). Nothing is hashed or written for a turn that needs none of
+this: a plain text answer is not recorded.
+"""
+
+from __future__ import annotations
+
+from k3.config import Config
+from k3.ir import Part, ReasoningPart, TextPart, ToolCallPart
+from k3.reasoning import ReasoningMemory, session_key
+from k3.reasoning.memory import Turn
+from k3.tools.events import Reasoning, Text, ToolCall
+
+SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-session-id")
+
+
+def open_memory(config: Config) -> ReasoningMemory:
+    return ReasoningMemory.open(
+        config.ledger_path,
+        reasoning_field=config.reasoning_field,
+        secret_dir=config.state_dir,
+        max_entries=config.ledger_max_entries,
+        max_bytes=config.ledger_max_bytes,
+        ttl_s=config.ledger_ttl,
+    )
+
+
+def _session_header(headers: dict[str, str]) -> str | None:
+    for name in SESSION_HEADERS:
+        value = headers.get(name)
+        if value:
+            return value
+    return None
+
+
+class TurnMemory:
+    """One request's access to the memory: restore on the way in, sign and record on the way out."""
+
+    __slots__ = ("_memory", "_headers", "_preset", "_key", "_turn", "committed")
+
+    def __init__(self, memory: ReasoningMemory, headers: dict[str, str], preset: str) -> None:
+        self._memory = memory
+        self._headers = headers
+        self._preset = preset
+        self._key: str | None = None
+        self._turn: Turn | None = None
+        self.committed = False
+
+    @property
+    def session(self) -> str:
+        if self._key is None:
+            headers = self._headers
+            credential = headers.get("x-api-key") or headers.get("authorization")
+            self._key = session_key(credential, self._preset, _session_header(headers))
+        return self._key
+
+    def restore(self, message: dict, signatures: list[str]) -> dict:
+        """The engine's form of a client assistant message (OpenAI-Chat, upstream tool-call ids)."""
+        return self._memory.restore(message, signatures, self.session)
+
+    def sign(self, reasoning: str) -> str:
+        """The signature of one reasoning segment of this turn (thinking signature, encrypted_content)."""
+        return self._ledger_turn().sign(reasoning)
+
+    def commit(self, parts: list[Part], field: str | None) -> None:
+        """Record the turn once. The caller skips turns with nothing to restore later (no
+        reasoning, no tool call); `field` is the reasoning vehicle the reply used (for `auto`).
+        """
+        if self.committed:
+            return
+        self.committed = True
+        turn = self._ledger_turn()
+        turn.field = field
+        for part in parts:
+            if isinstance(part, TextPart):
+                turn.add(Text(part.text))
+            elif isinstance(part, ReasoningPart):
+                turn.add(Reasoning(part.text))
+            elif isinstance(part, ToolCallPart):
+                turn.add(ToolCall(part.id, part.name, part.arguments))
+        turn.commit()
+
+    def _ledger_turn(self) -> Turn:
+        if self._turn is None:
+            self._turn = self._memory.begin_turn(self.session)
+        return self._turn
