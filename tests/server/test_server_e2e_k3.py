@@ -17,9 +17,18 @@ import pytest
 
 from tests.server.server_support import SCRIPT, CliProcess
 
+
+def _hermes_parser_available() -> bool:
+    if importlib.util.find_spec("k3.app") is None:
+        return False
+    from k3.config import TOOL_PARSERS
+
+    return "hermes" in TOOL_PARSERS
+
+
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("k3.app") is None,
-    reason="k3's proxy (k3.app, branch k3-core) is not in this tree yet",
+    not _hermes_parser_available(),
+    reason="k3's proxy with the hermes tool parser (branches k3-core, k3-tools) is not in this tree yet",
 )
 
 TOOLS = [
