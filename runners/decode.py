@@ -1,16 +1,20 @@
 """`python -m runners decode`: engine decode and prefill throughput against the bandwidth roofline.
 
-For each (context length, batch): prefill a seeded random prompt (timed: time to first token), then
-decode greedily, timing every step; repeated. One receipt per (model, kernel selection, context, batch),
-holding the raw per-token step times, tokens/s per repeat, TTFT, the measured copy bandwidth, the bytes a
-step must read (counted from the loaded tensors) and the fraction of the roofline reached. With
-`--quant PLAN` the synthetic model is quantised in memory and its packed weights run through the kernel
-registry; each `--kernels` selection is measured on the same model, and the receipt records the variant
-actually bound for every operation. Method: docs/METHODS.md.
+Measured through the serving runtime (`engine.runtime.Engine`): the same memory plan, cache pool, chunked
+prefill and static-buffer decode runner that `kimi-engine serve` uses, so on a GPU every decoded token is
+one CUDA-graph replay. For each (context length, batch): prefill a seeded random prompt and sample the
+first token (TTFT), then decode greedily, timing every token through the runtime's per-token hook;
+repeated. One receipt per (model, kernel selection, context, batch), holding the raw per-token times,
+tokens/s per repeat, TTFT, the measured copy bandwidth, the bytes a step must read (counted from the loaded
+tensors) and the fraction of the roofline reached. With `--quant PLAN` (or an INT4 artifact as
+`--weights`) the packed weights run through the kernel registry; each `--kernels` selection is measured on
+the same model, and the receipt records the variant actually bound for every operation and whether CUDA
+graphs were replayed. Method: docs/METHODS.md.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from pathlib import Path
@@ -19,10 +23,11 @@ import click
 import torch
 
 from engine.kernels import DEFAULT_SELECTION, KernelSelectionError, KernelUnavailable, named_choices, resolve
-from engine.model import KimiLinearForCausalLM, preset
-from engine.progress import stderr_progress
-from engine.quant import PLANS, make_plan, synthetic_quantized_model, use_kernels
-from engine.synth import init_synthetic_weights
+from engine.model import CheckpointError, ConfigError, SamplingParams, SequenceCache
+from engine.quant import PLANS, ArtifactError
+from engine.quant.manifest import MANIFEST_NAME
+from engine.runtime import Engine, MemoryPlanError, ModelSourceError
+from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
 from harness.caps import MemoryCap
 from harness.receipt import RESULTS_DIR, write_receipt
 from runners.bandwidth import copy_bandwidth_gbs
@@ -31,57 +36,57 @@ from runners.roofline import state_bytes_per_token, weight_bytes_per_token
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 NO_QUANT = "none"
-
-
-def build_synthetic(name: str, device: str, dtype: torch.dtype, seed: int) -> KimiLinearForCausalLM:
-    """The synthetic model, built on `meta` and materialised on the device (no checkpoint on disk)."""
-    with torch.device("meta"):
-        model = KimiLinearForCausalLM(preset(name), dtype=dtype)
-    model = model.to_empty(device=device)
-    init_synthetic_weights(model, seed)
-    return model.eval()
-
-
-def build_synthetic_quantized(
-    name: str, device: str, dtype: torch.dtype, seed: int, plan: str
-) -> KimiLinearForCausalLM:
-    """The synthetic model quantised by `plan` on the device, tensor by tensor (the dense model never
-    exists, so the full shapes fit); kernels are bound later, per selection."""
-    return synthetic_quantized_model(
-        preset(name), make_plan(plan), device=device, dtype=dtype, seed=seed, progress=stderr_progress
-    )
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+WARMUP_TOKENS = 4  # decoded by the untimed warm-up repeat
+GREEDY = SamplingParams(temperature=0.0)
 
 
 @torch.inference_mode()
 def measure(
-    model: KimiLinearForCausalLM, context: int, batch: int, gen_tokens: int, device: str, seed: int
+    engine: Engine, context: int, batch: int, gen_tokens: int, *, repeats: int, seed: int
 ) -> dict[str, list[float]]:
-    """One repeat: TTFT of a `context`-token prompt, then `gen_tokens` timed greedy decode steps."""
+    """Time the engine on `batch` seeded random prompts of `context` tokens: one untimed warm-up repeat, then
+    `repeats` timed ones, each on fresh prompts and admitted for the same `gen_tokens + 1` new tokens (so
+    they take the same cache size, whose CUDA graph the warm-up captured). Per repeat:
+
+    - `ttft_ms`: `engine.prefill` (every chunk) plus the first token sampled from its logits and on the host;
+    - `decode_ms`: each of the next `gen_tokens` tokens, from the previous token on the host to this one
+      (one decode step, i.e. one graph replay on a GPU, greedy sampling, the copy to the host);
+    - `decode_tok_s` = batch × gen_tokens / their sum, `prefill_tok_s` = batch × context / TTFT.
+
+    The prefix cache must be off: a hit would skip the prefill being timed.
+    """
+    if engine.prefix_cache is not None:
+        raise ValueError("measure needs an engine without a prefix cache (prefix_cache_gib=0)")
     generator = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, model.config.vocab_size, (batch, context), generator=generator).to(device)
-    cache = model.new_cache(context + gen_tokens, batch_size=batch)
-    _sync(device)
+    vocab = engine.model.config.vocab_size
+    prompts = lambda: torch.randint(0, vocab, (batch, context), generator=generator).tolist()
+    _repeat(engine, prompts(), gen_tokens, min(gen_tokens, WARMUP_TOKENS))
+    samples: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        for key, values in _repeat(engine, prompts(), gen_tokens, gen_tokens).items():
+            samples.setdefault(key, []).extend(values)
+    return samples
+
+
+def _repeat(engine: Engine, prompts: list[list[int]], gen_tokens: int, steps: int) -> dict[str, list[float]]:
+    """Prefill, then the first token and `steps` decoded ones, stamped as each reaches the host."""
+    stamps: list[float] = []
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
     start = time.perf_counter()
-    logits = model.prefill(prompt, cache)
-    token = logits.argmax(-1)
-    _sync(device)
-    ttft = time.perf_counter() - start
-    steps = []
-    for _ in range(gen_tokens):
-        begin = time.perf_counter()
-        token = model.decode_step(token, cache).argmax(-1)
-        _sync(device)
-        steps.append(time.perf_counter() - begin)
+    seq = engine.prefill(prompts, max_new_tokens=gen_tokens + 1)
+    try:
+        engine.decode(seq, steps + 1, GREEDY, on_token=lambda i, ids: stamps.append(time.perf_counter()))
+    finally:
+        engine.release(seq)
+    ttft = stamps[0] - start
+    step_s = [later - earlier for earlier, later in itertools.pairwise(stamps)]
+    batch, context = len(prompts), len(prompts[0])
     return {
         "ttft_ms": [ttft * 1e3],
         "prefill_tok_s": [batch * context / ttft],
-        "decode_ms": [s * 1e3 for s in steps],
-        "decode_tok_s": [batch * len(steps) / sum(steps)],
+        "decode_ms": [s * 1e3 for s in step_s],
+        "decode_tok_s": [batch * len(step_s) / sum(step_s)],
     }
 
 
@@ -112,14 +117,20 @@ def _ints(text: str) -> list[int]:
     "--synthetic",
     type=click.Choice(["tiny", "small", "full"]),
     default=None,
-    help="Synthetic model (no download). Default: small on the CPU, full on a GPU.",
+    help="Synthetic model (no download). Default: small on the CPU, full on a GPU, unless --weights.",
+)
+@click.option(
+    "--weights",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="Measure this checkpoint or INT4 artifact (from `kimi-engine quantize`) instead of a synthetic model.",
 )
 @click.option("--device", default=None, help="cpu or cuda[:N]. Default: cuda when available.")
 @click.option(
     "--dtype",
     type=click.Choice(sorted(DTYPES)),
     default=None,
-    help="Weight dtype. Default: bf16 on a GPU, fp32 on the CPU (its fastest).",
+    help="Weight (and activation) dtype. Default: bf16 on a GPU, fp32 on the CPU (its fastest).",
 )
 @click.option(
     "--contexts",
@@ -139,7 +150,7 @@ def _ints(text: str) -> list[int]:
     type=click.Choice([NO_QUANT, *PLANS]),
     default=None,
     help="Quantise the synthetic model in memory with this plan (docs/INT4.md) and run it through the kernel "
-    f"registry. Default: {NO_QUANT} on the CPU, default on a GPU.",
+    f"registry. Default: {NO_QUANT} on the CPU, default on a GPU. An artifact given as --weights has its own.",
 )
 @click.option(
     "--kernels",
@@ -148,14 +159,27 @@ def _ints(text: str) -> list[int]:
     show_default=True,
     help="Kernel selections to compare on the same quantised model, comma-separated: 'default' (KIMI_KERNELS, "
     "then the shipped defaults) or a variant name such as 'reference' or 'triton' (used for every "
-    "operation that has it). Needs --quant.",
+    "operation that has it). Needs quantised weights.",
 )
 @click.option(
     "--memory-cap-gib",
     type=float,
     default=None,
-    help="Fail a measurement that exceeds this (GPU: allocator cap; CPU: RSS). Default: 32 on a GPU, "
-    "16 on the CPU.",
+    help="The engine plans and runs under this cap (GPU: allocator cap; CPU: RSS); a context that cannot fit "
+    "is refused before loading. Default: 32 on a GPU, 16 on the CPU.",
+)
+@click.option(
+    "--prefill-chunk",
+    type=click.IntRange(1),
+    default=DEFAULT_PREFILL_CHUNK,
+    show_default=True,
+    help="Prompt tokens per prefill step, as in `kimi-engine serve`.",
+)
+@click.option(
+    "--cuda-graphs/--no-cuda-graphs",
+    default=True,
+    show_default=True,
+    help="Replay each decode step as a CUDA graph (GPU only), as the server does.",
 )
 @click.option(
     "--threads",
@@ -167,65 +191,107 @@ def _ints(text: str) -> list[int]:
 @click.option("--seed", default=0, show_default=True)
 @click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
-def decode_command(synthetic, device, dtype, contexts, batches, gen_tokens, repeats, quant, kernel_selections,
-                   memory_cap_gib, threads, seed, results, no_regenerate) -> None:  # fmt: skip
-    """Decode tokens/s and TTFT per context length, with the bandwidth roofline, as receipts."""
+def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tokens, repeats, quant,
+                   kernel_selections, memory_cap_gib, prefill_chunk, cuda_graphs, threads, seed, results,
+                   no_regenerate) -> None:  # fmt: skip
+    """Decode tokens/s and TTFT per context length, through the serving runtime, with the bandwidth
+    roofline, as receipts."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.startswith("cuda")
     if on_gpu and not torch.cuda.is_available():
         raise click.BadParameter("no CUDA device is visible", param_hint="--device")
-    synthetic = synthetic or ("full" if on_gpu else "small")
+    if weights is not None and (synthetic is not None or quant is not None):
+        raise click.UsageError("--weights measures the directory as it is: drop --synthetic and --quant")
+    if weights is None:
+        synthetic = synthetic or ("full" if on_gpu else "small")
+        quant = quant or ("default" if on_gpu else NO_QUANT)
     dtype_name = dtype or ("bf16" if on_gpu else "fp32")
     context_list = _ints(contexts or ("17,1024,8192,32768" if on_gpu else "17,256,1024"))
     batch_list = _ints(batches)
     gen_tokens = gen_tokens or (64 if on_gpu else 32)
     cap = memory_cap_gib if memory_cap_gib is not None else (32.0 if on_gpu else 16.0)
-    quant = quant or ("default" if on_gpu else NO_QUANT)
-    selections = _kernel_selections(kernel_selections, quant, device)
+    quantised = quant not in (None, NO_QUANT) or (weights is not None and (weights / MANIFEST_NAME).is_file())
+    selections = _kernel_selections(kernel_selections, quantised, device)
 
     if not on_gpu:
         torch.set_num_threads(threads or 1)
-    click.echo(f"building synthetic '{synthetic}' ({dtype_name}, quant {quant}) on {device} ...", err=True)
-    if quant == NO_QUANT:
-        model = build_synthetic(synthetic, device, DTYPES[dtype_name], seed)
-    else:
-        model = build_synthetic_quantized(synthetic, device, DTYPES[dtype_name], seed, quant)
+    label = weights.resolve().name if weights is not None else f"synthetic-{synthetic}"
+    click.echo(
+        f"loading {label} ({dtype_name}, quant {quant or 'from the artifact'}) on {device} ...", err=True
+    )
+    try:
+        engine = Engine.load(
+            weights=weights,
+            synthetic=synthetic,
+            seed=seed,
+            quant=None if quant == NO_QUANT else quant,
+            kernels=named_choices(selections[0]),
+            device=device,
+            dtype=DTYPES[dtype_name],
+            memory_cap_gib=cap,
+            max_context=max(context_list) + gen_tokens,
+            prefill_chunk=prefill_chunk,
+            cuda_graphs=cuda_graphs,
+            prefix_cache_gib=0,  # every repeat must prefill its prompt
+            progress=True,
+        )
+    except (
+        MemoryPlanError,
+        ModelSourceError,
+        CheckpointError,
+        ConfigError,
+        ArtifactError,
+        KernelUnavailable,
+    ) as e:
+        raise click.ClickException(str(e)) from None
+    try:
+        written = _measure_all(engine, label, dtype_name, selections, context_list, batch_list, gen_tokens,
+                               repeats, cap, seed, results)  # fmt: skip
+    finally:
+        engine.close()
+    for path in written:
+        click.echo(f"wrote {path}")
+    if not no_regenerate:
+        regenerate(results)
+
+
+def _measure_all(engine, label, dtype_name, selections, contexts, batches, gen_tokens, repeats, cap, seed,
+                 results) -> list[Path]:  # fmt: skip
+    source, model, device = engine.source, engine.model, str(engine.device)
+    plan = source.plan
     click.echo("measuring copy bandwidth ...", err=True)
     copy = copy_bandwidth_gbs(device)
     weights = weight_bytes_per_token(model)
-
-    plan = [(k, c, b) for k in selections for c in context_list for b in batch_list]
+    runs = [(k, c, b) for k in selections for c in contexts for b in batches]
     written = []
     with click.progressbar(
-        plan, label="decode", item_show_func=lambda p: p and f"kernels {p[0]} ctx {p[1]} batch {p[2]}"
+        runs, label="decode", item_show_func=lambda p: p and f"kernels {p[0]} ctx {p[1]} batch {p[2]}"
     ) as bar:
-        bound = None
+        bound = selections[0]
+        variants = engine.kernel_variants
         for selection, context, batch in bar:
             if selection != bound:  # bind once per selection; the modules then call the kernels directly
-                variants = {} if quant == NO_QUANT else use_kernels(model, named_choices(selection))
-                bound = selection
-            name = f"synthetic-{synthetic}.{dtype_name}"
-            if quant != NO_QUANT:
-                name += f".plan-{quant}.kernels-{selection}"
-            samples: dict[str, list[float]] = {}
+                variants, bound = engine.use_kernels(named_choices(selection)), selection
+            name = f"{label}.{dtype_name}"
+            if plan is not None:
+                name += f".plan-{plan.name}.kernels-{selection}"
             with MemoryCap(cap, device=device) as mem:
-                measure(model, context, batch, min(gen_tokens, 4), device, seed)  # warm-up, untimed
-                for r in range(repeats):
-                    for key, values in measure(model, context, batch, gen_tokens, device, seed + r).items():
-                        samples.setdefault(key, []).extend(values)
-                    mem.check()
-                state = state_bytes_per_token(model.new_cache(context + 1), context)
+                samples = measure(engine, context, batch, gen_tokens, repeats=repeats, seed=seed)
+            state = state_bytes_per_token(
+                SequenceCache(model.config, context + 1, device="meta", dtype=model.dtype), context
+            )
             samples["copy_gbs"] = copy
             # A step reads the weights once for the whole batch and each sequence's state.
             bytes_per_step = sum(weights.values()) + batch * sum(state.values())
             roofline_tok_s = batch * statistics.median(copy) * 1e9 / bytes_per_step
+            graphs = engine.pool.graphs_for(batch)
             written.append(
                 write_receipt(
                     "decode",
                     f"{name}.ctx{context}.b{batch}",
                     config={
-                        "model": f"synthetic-{synthetic}",
-                        "weights": "synthetic weights",
+                        "model": label,
+                        "weights": "synthetic weights" if source.synthetic else source.name,
                         "dtype": dtype_name,
                         "device": device,
                         "context": context,
@@ -233,11 +299,17 @@ def decode_command(synthetic, device, dtype, contexts, batches, gen_tokens, repe
                         "gen_tokens": gen_tokens,
                         "repeats": repeats,
                         "seed": seed,
-                        "quant": quant,
-                        "plan": None if quant == NO_QUANT else make_plan(quant).to_json(),
-                        "kernels": None if quant == NO_QUANT else selection,
+                        "quant": NO_QUANT if plan is None else plan.name,
+                        "plan": None if plan is None else plan.to_json(),
+                        "kernels": None if plan is None else selection,
                         "kernel_variants": variants,
-                        "decode": "eager decode_step, greedy argmax",
+                        "cuda_graphs": graphs,
+                        "decode": "engine.runtime.Engine: "
+                        + ("one CUDA-graph replay per token" if graphs else "eager static-buffer decode_step")
+                        + ", greedy, timed per token on the host",
+                        "prefill_chunk": engine.plan.prefill_chunk,
+                        "kda_prefill_kernel": engine.kda_kernel,
+                        "cache_tokens": engine.pool.capacity_for(context + gen_tokens),
                         "bytes_per_token_components": weights | state,
                     },  # fmt: skip
                     samples=samples,
@@ -250,25 +322,24 @@ def decode_command(synthetic, device, dtype, contexts, batches, gen_tokens, repe
                         "roofline_tok_s": roofline_tok_s,
                         "fraction_of_roofline": statistics.median(samples["decode_tok_s"]) / roofline_tok_s,
                     },
-                    notes="synthetic weights (decode speed does not depend on weight values)",
+                    notes="synthetic weights (decode speed does not depend on weight values)"
+                    if source.synthetic
+                    else "",
                     memory=mem.report(),
                     results_dir=results,
                 )
             )
-    for path in written:
-        click.echo(f"wrote {path}")
-    if not no_regenerate:
-        regenerate(results)
+    return written
 
 
-def _kernel_selections(text: str, quant: str, device: str) -> list[str]:
-    """The comma-separated selections, each checked to resolve on the device before anything is measured."""
+def _kernel_selections(text: str, quantised: bool, device: str) -> list[str]:
+    """The comma-separated selections, each checked to resolve on the device before anything is loaded."""
     selections = [s.strip() for s in text.split(",") if s.strip()]
     if not selections:
         raise click.BadParameter("name at least one kernel selection", param_hint="--kernels")
-    if quant == NO_QUANT and selections != [DEFAULT_SELECTION]:
+    if not quantised and selections != [DEFAULT_SELECTION]:
         raise click.BadParameter(
-            "kernel selections apply to a quantised model; add --quant PLAN", param_hint="--kernels"
+            "kernel selections apply to quantised weights; add --quant PLAN", param_hint="--kernels"
         )
     for selection in selections:
         try:

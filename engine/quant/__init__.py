@@ -13,6 +13,7 @@ from engine.quant.quantized_model import (
     load_dequantized_model,
     load_quantized_model,
     quantize_model,
+    quantized_meta_model,
     synthetic_quantized_model,
     use_kernels,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "pack_int4",
     "quantize",
     "quantize_model",
+    "quantized_meta_model",
     "synthetic_quantized_model",
     "unpack_int4",
     "use_kernels",

@@ -77,6 +77,34 @@ class PlannedWeights:
         return encode_unit(unit, lambda name: self._fetch(self.specs[name]), self.plan, device)
 
 
+class _StoredLayout:
+    """Each unit's stored parts as ``meta`` tensors of the shapes and dtypes `encode_unit` produces."""
+
+    def __init__(self, cfg: KimiLinearConfig, plan: Plan):
+        self.plan = plan
+        self.specs = {spec.name: spec for spec in checkpoint_tensors(cfg)}
+        self._units = plan_units(self.specs, plan)
+
+    def units(self) -> list[Unit]:
+        return self._units
+
+    def parts(self, unit: Unit, device: torch.device | str) -> dict[str, torch.Tensor]:
+        *rows, k = self.specs[unit.sources[0]].shape
+        lead = (len(unit.sources),) if unit.kind == "expert_bank" else ()
+
+        def empty(last: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.empty((*lead, *rows, last), dtype=dtype, device="meta")
+
+        if unit.precision == "int4":
+            codes = empty(k // 2, torch.uint8)
+        elif unit.precision == "int8":
+            codes = empty(k, torch.int8)
+        else:
+            dtype = torch.bfloat16 if unit.precision == "bf16" else self.specs[unit.sources[0]].dtype
+            return {"tensor": empty(k, dtype)}
+        return {"codes": codes, "scales": empty(k // self.plan.group_size, self.plan.scale_torch_dtype)}
+
+
 def load_quantized_model(
     artifact_dir: str | Path,
     *,
@@ -91,9 +119,10 @@ def load_quantized_model(
     ``dtype`` is the activation (and kept-tensor) dtype. The artifact is verified first unless
     ``verify=False`` (see `Artifact.open`).
     """
+    selections = registry.resolve(device, kernels)  # first: an unavailable kernel fails before any reading
     artifact = Artifact.open(Path(artifact_dir), verify=verify, progress=progress)
     return _assemble(
-        _config(artifact), artifact, device=device, dtype=dtype, kernels=kernels, progress=progress
+        _config(artifact), artifact, device=device, dtype=dtype, selections=selections, progress=progress
     )
 
 
@@ -129,9 +158,10 @@ def quantize_model(
 ) -> KimiLinearForCausalLM:
     """A packed copy of a dense model, quantised on its device by ``plan`` (the same codes `kimi-engine
     quantize` writes for the same weights). The dense model is left as it is."""
+    selections = registry.resolve(model.device, kernels)
     source = PlannedWeights(model.config, plan, lambda spec: parameter_for(model, spec.name))
     return _assemble(
-        model.config, source, device=model.device, dtype=model.dtype, kernels=kernels, progress=progress
+        model.config, source, device=model.device, dtype=model.dtype, selections=selections, progress=progress
     )
 
 
@@ -147,8 +177,17 @@ def synthetic_quantized_model(
 ) -> KimiLinearForCausalLM:
     """A packed model of synthetic weights (`engine.synth`), generated and quantised on ``device`` one tensor
     (or expert bank) at a time: the dense model never exists, so the full 48B shapes fit a GPU."""
+    selections = registry.resolve(device, kernels)
     source = PlannedWeights(cfg, plan, lambda spec: synthetic_tensor(spec, seed, device=device))
-    return _assemble(cfg, source, device=device, dtype=dtype, kernels=kernels, progress=progress)
+    return _assemble(cfg, source, device=device, dtype=dtype, selections=selections, progress=progress)
+
+
+def quantized_meta_model(cfg: KimiLinearConfig, plan: Plan, *, dtype: torch.dtype) -> KimiLinearForCausalLM:
+    """The packed model's structure on ``meta``: every module, buffer and parameter it will hold, at its
+    stored shape and dtype, with nothing read or allocated. What a runtime sizes its memory plan from.
+    It never runs (the reference kernels are bound)."""
+    selections = registry.resolve("cpu", registry.named_choices("reference"))
+    return _assemble(cfg, _StoredLayout(cfg, plan), device="meta", dtype=dtype, selections=selections)
 
 
 def use_kernels(model: KimiLinearForCausalLM, kernels: dict[str, str] | None = None) -> dict[str, str]:
@@ -188,10 +227,9 @@ def _assemble(
     *,
     device: torch.device | str,
     dtype: torch.dtype,
-    kernels: dict[str, str] | None,
-    progress: ProgressFactory,
+    selections: dict[str, registry.Selection],
+    progress: ProgressFactory = no_progress,
 ) -> KimiLinearForCausalLM:
-    selections = registry.resolve(device, kernels)  # first: an unavailable kernel fails before any loading
     units = source.units()
     _check_coverage(cfg, units)
     model = KimiLinearForCausalLM(cfg, dtype=dtype, device="meta")

@@ -99,12 +99,22 @@ class CachePool:
             lease.cache.reset()
         else:
             cache = self.model.new_cache(capacity, batch_size=batch)
-            graph = self.cuda_graphs and graph_capturable(self.model.config, batch)
-            runner = DecodeRunner(self.model, cache, cuda_graph=graph, graph_pool=self.graph_pool)
+            runner = DecodeRunner(
+                self.model, cache, cuda_graph=self.graphs_for(batch), graph_pool=self.graph_pool
+            )
             self.graphs_captured += runner.graph is not None
             lease = Lease(cache, runner, self.bytes_for(capacity, batch))
         self.in_use_bytes += lease.nbytes
         return lease
+
+    def graphs_for(self, batch: int) -> bool:
+        """Whether decode steps of `batch` sequences replay a CUDA graph (else they run eagerly)."""
+        return self.cuda_graphs and graph_capturable(self.model, batch)
+
+    def drop_idle(self) -> None:
+        """Free every idle cache and its graph (after the model's kernels changed)."""
+        while self._idle:
+            self._drop_oldest_idle()
 
     def give_back(self, lease: Lease) -> None:
         """Return a cache: it becomes idle (or is freed when too many are idle)."""

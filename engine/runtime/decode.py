@@ -11,15 +11,25 @@ from __future__ import annotations
 
 import torch
 
-from engine.model import KimiLinearConfig, KimiLinearForCausalLM, SequenceCache
+from engine.model import KimiLinearForCausalLM, SequenceCache
+from engine.model.moe import ExpertBank
+from engine.quant.packed import DECODE_MAX_ROWS, PackedExpertBank
 
 _WARMUP_STEPS = 2  # lazy initialisation (cuBLAS handles, workspace) must happen outside the capture
 
 
-def graph_capturable(config: KimiLinearConfig, batch: int) -> bool:
-    """Whether a decode step of `batch` sequences has static shapes: `expert_ffn` takes its gathered
-    (sync-free) path only while batch * top_k < num_experts; beyond, it groups by expert on the host."""
-    return batch * config.num_experts_per_token < config.num_experts
+def graph_capturable(model: KimiLinearForCausalLM, batch: int) -> bool:
+    """Whether a decode step of `batch` sequences has static shapes, i.e. every expert bank takes a
+    sync-free path: a dense `ExpertBank` gathers experts only while batch * top_k < num_experts (beyond,
+    `expert_ffn` groups by expert on the host); a `PackedExpertBank` runs its kernels up to
+    `DECODE_MAX_ROWS` rows (beyond, it dequantises expert by expert, also grouped on the host)."""
+    cfg = model.config
+    for module in model.modules():
+        if isinstance(module, PackedExpertBank) and batch > DECODE_MAX_ROWS:
+            return False
+        if isinstance(module, ExpertBank) and batch * cfg.num_experts_per_token >= cfg.num_experts:
+            return False
+    return True
 
 
 class DecodeRunner:

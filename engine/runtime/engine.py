@@ -1,7 +1,7 @@
 """The engine: a loaded model under a memory cap, with sized caches, chunked prefill, graph decode and a
 prefix state cache. Single-threaded; the scheduler (or a benchmark) drives it.
 
-    engine = Engine.load(synthetic="tiny")                      # or weights="ckpt/", device="cuda", ...
+    engine = Engine.load(synthetic="tiny")              # or weights="ckpt/" / "artifact/", quant="default", ...
     seq = engine.prefill([ids])                                 # [B] prompts of equal length
     tokens = engine.decode(seq, 64, SamplingParams(), on_token=lambda i, ids: ...)
     engine.release(seq); engine.memory_report(); engine.close()
@@ -22,10 +22,11 @@ import torch
 
 from engine.model import KimiLinearForCausalLM, SamplingParams, Tokenizer
 from engine.model.mla import MultiheadLatentAttention
+from engine.quant import kernel_variants, use_kernels
 from engine.runtime.cache_pool import CachePool, Lease
 from engine.runtime.kda_kernels import select_kda_kernel, use_kda_kernel
 from engine.runtime.loader import ModelSource, open_model_source
-from engine.runtime.memory import GIB, MemoryPlan, module_bytes, plan_memory
+from engine.runtime.memory import GIB, MemoryPlan, dequantize_workspace_bytes, module_bytes, plan_memory
 from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.sampling import Sampler
 from engine.runtime.state import restore_snapshot, transfer
@@ -104,6 +105,9 @@ class Engine:
         weights: str | Path | None = None,
         synthetic: str | None = None,
         seed: int = 0,
+        quant: str | None = None,
+        kernels: dict[str, str] | None = None,
+        verify: bool = True,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
         memory_cap_gib: float | None = None,
@@ -116,11 +120,13 @@ class Engine:
     ) -> Engine:
         """Plan memory, refuse what cannot fit (MemoryPlanError), then materialise the weights under the cap.
 
-        `device` defaults to CUDA when available; `dtype` to BF16 on a GPU, FP32 on the CPU. CUDA graphs
+        `weights` is a checkpoint or an INT4 artifact directory (verified first unless `verify=False`);
+        `synthetic` a preset, quantised in memory by the plan `quant` when given. `kernels` (op ->
+        variant) chooses a packed model's kernels, resolved and bound once here. `device` defaults to CUDA when available; `dtype` to BF16 on a GPU, FP32 on the CPU. CUDA graphs
         are used only on a GPU. Prefix snapshots get `prefix_cache_gib` (default 4 on a GPU, in host
         memory outside the cap; 1 on the CPU, inside it; 0 turns the prefix cache off).
         """
-        source = open_model_source(weights=weights, synthetic=synthetic, seed=seed)
+        source = open_model_source(weights=weights, synthetic=synthetic, seed=seed, quant=quant)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -134,10 +140,12 @@ class Engine:
             baseline = torch.cuda.memory_allocated(device)
         else:
             baseline = psutil.Process(os.getpid()).memory_info().rss
+        structure = source.meta_model(dtype)  # packed modules at their stored sizes
         plan = plan_memory(
             source.config,
             dtype,
-            weights_bytes=module_bytes(source.meta_model(dtype)),
+            weights_bytes=module_bytes(structure),
+            dequantize_bytes=dequantize_workspace_bytes(structure),
             cap_bytes=None if memory_cap_gib is None else int(memory_cap_gib * GIB),
             max_context=max_context,
             prefill_chunk=prefill_chunk,
@@ -148,7 +156,7 @@ class Engine:
         cap = MemoryCap(memory_cap_gib, device=str(device), poll_s=0.1)
         cap.__enter__()
         try:
-            model = source.load(device, dtype, progress=progress)
+            model = source.load(device, dtype, kernels=kernels, verify=verify, progress=progress)
             tokenizer = source.tokenizer()
         except BaseException:
             cap.__exit__(None, None, None)
@@ -177,6 +185,22 @@ class Engine:
     @property
     def max_context(self) -> int:
         return self.plan.max_context
+
+    @property
+    def kernel_variants(self) -> dict[str, str]:
+        """The variant bound for every kernel operation the model calls ({} for a dense model)."""
+        return kernel_variants(self.model)
+
+    def use_kernels(self, kernels: dict[str, str] | None) -> dict[str, str]:
+        """Re-bind a packed model's kernels (op -> variant; None: the defaults) and drop the idle caches,
+        whose CUDA graphs hold the old ones. Only between sequences. Returns `kernel_variants`."""
+        if self.pool.in_use_bytes:
+            raise RuntimeError("re-bind kernels only while no sequence is in flight")
+        if kernels and not self.kernel_variants:
+            raise ValueError("kernel selections apply to quantised weights; this model is dense")
+        variants = use_kernels(self.model, kernels)
+        self.pool.drop_idle()
+        return variants
 
     # ------------------------------------------------------------------ step-wise API
 

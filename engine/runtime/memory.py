@@ -14,12 +14,16 @@ from dataclasses import dataclass
 import torch
 
 from engine.model import KimiLinearConfig, SequenceCache
+from engine.quant import PackedExpertBank, PackedLinear
 
 GIB = 1 << 30
 _WORKSPACE_MARGIN = 1.25  # on top of the counted live tensors: allocator rounding, small temporaries
 # kda_chunked's batched phase forms decays for 16-token blocks: 4 * tokens * kda_dim elements per tensor,
 # its groups capped near 2^24 of them; about 4 such fp32 tensors are live at once.
 _KDA_BLOCK_ELEMENTS_CAP = 1 << 24
+# engine.quant.codec.dequantize of one matrix: int16 nibble unpacking, then FP32 codes and values and the
+# result; bytes per logical weight element, an upper estimate.
+_DEQUANTIZE_BYTES_PER_ELEMENT = 16
 
 
 class MemoryPlanError(ValueError):
@@ -38,8 +42,28 @@ def cache_bytes(config: KimiLinearConfig, dtype: torch.dtype, tokens: int, batch
     return cache.nbytes + cache.slots.numel() * cache.slots.element_size()
 
 
+def dequantize_workspace_bytes(model: torch.nn.Module) -> int:
+    """Temporaries of the largest weight a packed model dequantises at once during prefill (works on the
+    `meta` model): a `PackedLinear` given more than `DECODE_MAX_ROWS` rows, or one expert's three matrices.
+    The LM head is left out: prefill gives it one row per prompt, which its GEMV takes. 0 for a dense model."""
+    largest = 0
+    for name, module in model.named_modules():
+        if isinstance(module, PackedLinear) and name != "lm_head":
+            largest = max(largest, module.out_features * module.in_features)
+        elif isinstance(module, PackedExpertBank):
+            _, n, half_k = module.w1_codes.shape
+            largest = max(largest, 3 * n * 2 * half_k)
+    return largest * _DEQUANTIZE_BYTES_PER_ELEMENT
+
+
 def prefill_workspace_bytes(
-    config: KimiLinearConfig, dtype: torch.dtype, chunk: int, context: int, *, scores_materialized: bool
+    config: KimiLinearConfig,
+    dtype: torch.dtype,
+    chunk: int,
+    context: int,
+    *,
+    scores_materialized: bool,
+    dequantize_bytes: int = 0,
 ) -> int:
     """Estimated peak activation bytes of prefilling `chunk` tokens that end at position `context`.
 
@@ -47,6 +71,7 @@ def prefill_workspace_bytes(
     tensors. MLA expands every cached latent of the context (keys and values for all heads), so its
     term grows with the context; `scores_materialized` adds the [heads, chunk, context] FP32 scores of
     an attention kernel that forms them (the CPU's), which memory-efficient GPU kernels do not.
+    `dequantize_bytes` (a packed model's, `dequantize_workspace_bytes`) is live within a layer too.
     """
     b, f = dtype.itemsize, 4
     c, n, h = chunk, max(context, chunk), config.hidden_size
@@ -76,7 +101,7 @@ def prefill_workspace_bytes(
     )
     dense = 3 * c * config.intermediate_size * b
     logits = config.vocab_size * f
-    return int(_WORKSPACE_MARGIN * (residual + max(kda, mla, moe, dense) + logits))
+    return int(_WORKSPACE_MARGIN * (residual + max(kda, mla, moe, dense) + dequantize_bytes + logits))
 
 
 def decode_workspace_bytes(config: KimiLinearConfig, dtype: torch.dtype, context: int) -> int:
@@ -142,6 +167,7 @@ def plan_memory(
     prefill_chunk: int,
     baseline_bytes: int = 0,
     prefix_cache_bytes: int = 0,
+    dequantize_bytes: int = 0,
     scores_materialized: bool,
 ) -> MemoryPlan:
     """The plan for one sequence at `max_context`; raises MemoryPlanError (saying what would fit) when
@@ -157,7 +183,12 @@ def plan_memory(
             baseline_bytes=baseline_bytes,
             weights_bytes=weights_bytes,
             prefill_workspace_bytes=prefill_workspace_bytes(
-                config, dtype, chunk, context, scores_materialized=scores_materialized
+                config,
+                dtype,
+                chunk,
+                context,
+                scores_materialized=scores_materialized,
+                dequantize_bytes=dequantize_bytes,
             ),
             decode_workspace_bytes=decode_workspace_bytes(config, dtype, context),
             prefix_cache_bytes=prefix_cache_bytes,

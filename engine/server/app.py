@@ -308,6 +308,8 @@ async def health(request: Request) -> Response:
             "device": str(engine.device),
             "dtype": str(engine.model.dtype).removeprefix("torch."),
             "max_context": engine.max_context,
+            "quant_plan": None if engine.source.plan is None else engine.source.plan.name,
+            "kernel_variants": engine.kernel_variants,
             "kda_prefill_kernel": engine.kda_kernel,
             "cuda_graphs": engine.pool.cuda_graphs,
             "scripted_replies": ctx.scripted is not None,

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import click
 
+from engine.kernels import DEFAULT_SELECTION
 from engine.model.presets import PRESETS
+from engine.quant.plan import PLANS
 from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
 from engine.runtime.kda_kernels import KDA_KERNELS
 
@@ -21,7 +23,8 @@ DEFAULT_GPU_CAP_GIB = 32.0
 @click.option(
     "--weights",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
-    help="Checkpoint directory (Hugging Face layout, real or from `kimi-engine synth`).",
+    help="Checkpoint directory (Hugging Face layout, real or from `kimi-engine synth`), or an INT4 artifact "
+    "from `kimi-engine quantize` (recognised by its manifest.json; served with the packed kernels).",
 )
 @click.option(
     "--synthetic",
@@ -29,6 +32,27 @@ DEFAULT_GPU_CAP_GIB = 32.0
     help="Random weights of this size, built in memory (no download). Default: tiny, when --weights is not given.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic weights.")
+@click.option(
+    "--quant",
+    type=click.Choice(list(PLANS)),
+    help="Quantise the synthetic weights in memory with this plan (docs/INT4.md), one tensor at a time on the "
+    "device, and serve them with the packed kernels. For a checkpoint, build an artifact with `kimi-engine "
+    "quantize` instead.",
+)
+@click.option(
+    "--kernels",
+    "kernel_selection",
+    default=DEFAULT_SELECTION,
+    show_default=True,
+    help="Kernels of quantised weights: 'default' (KIMI_KERNELS, then the shipped defaults: Triton on CUDA, "
+    "reference on the CPU) or a variant name such as 'reference' or 'triton' for every operation that has it.",
+)
+@click.option(
+    "--verify/--no-verify",
+    default=True,
+    show_default=True,
+    help="Re-hash an INT4 artifact's shards and self-check a sample before loading it.",
+)
 @click.option(
     "--device", default="auto", show_default=True, help="cuda, cuda:N or cpu; auto picks CUDA if present."
 )
@@ -117,6 +141,9 @@ def serve_command(
     weights: Path | None,
     synthetic: str | None,
     seed: int,
+    quant: str | None,
+    kernel_selection: str,
+    verify: bool,
     device: str,
     dtype: str,
     memory_cap_gib: float | None,
@@ -143,7 +170,9 @@ def serve_command(
     import torch
     import uvicorn
 
+    from engine.kernels import KernelSelectionError, KernelUnavailable, named_choices
     from engine.model import CheckpointError, ConfigError
+    from engine.quant import ArtifactError
     from engine.runtime import Engine, MemoryPlanError, ModelSourceError, Scheduler
     from engine.server.app import ServerContext, create_app
     from engine.server.chat_template import SYNTHETIC_CHAT_TEMPLATE, ChatTemplate
@@ -163,10 +192,17 @@ def serve_command(
     if memory_cap_gib is None and resolved.type == "cuda":
         memory_cap_gib = DEFAULT_GPU_CAP_GIB
     try:
+        kernels = named_choices(kernel_selection)
+    except KernelSelectionError as e:
+        raise click.BadParameter(str(e), param_hint="--kernels") from None
+    try:
         engine = Engine.load(
             weights=weights,
             synthetic=synthetic,
             seed=seed,
+            quant=quant,
+            kernels=kernels,
+            verify=verify,
             device=resolved,
             dtype=None if dtype == "auto" else getattr(torch, DTYPES[dtype]),
             memory_cap_gib=memory_cap_gib,
@@ -177,7 +213,15 @@ def serve_command(
             prefix_cache_gib=prefix_cache_gib,
             progress=True,
         )
-    except (MemoryPlanError, ModelSourceError, CheckpointError, ConfigError, ValueError) as e:
+    except (
+        MemoryPlanError,
+        ModelSourceError,
+        CheckpointError,
+        ConfigError,
+        ArtifactError,
+        KernelUnavailable,
+        ValueError,
+    ) as e:
         raise click.ClickException(str(e)) from None
     try:
         template_source = engine.source.chat_template()
@@ -239,6 +283,11 @@ def _print_start_up(engine, scripted: bool) -> None:
         f"device {engine.device}, {str(engine.model.dtype).removeprefix('torch.')}, KDA prefill kernel "
         f"{engine.kda_kernel}, CUDA graphs {'on' if engine.pool.cuda_graphs else 'off'}"
     )
+    variants = engine.kernel_variants
+    kernels = (
+        ", ".join(f"{op}={name}" for op, name in variants.items()) if variants else "none (dense weights)"
+    )
+    click.echo(f"packed kernels: {kernels}")
     cap = "none" if plan.cap_bytes is None else gib(plan.cap_bytes)
     click.echo(
         f"memory: weights {gib(plan.weights_bytes)}, cache {plan.cache_bytes_per_token:.0f} B/token "

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import httpx
+import jinja2
 import openai
+import pytest
 from click.testing import CliRunner
 
 from engine.cli import main
+from engine.model import Tokenizer
+from tests.runtime.runtime_support import ARTIFACT_CHAT_TEMPLATE, write_tiny_artifact
 from tests.server.server_support import CliProcess
 
 
@@ -15,10 +20,63 @@ def test_a_context_that_cannot_fit_is_refused_at_start_up():
     assert "over the memory cap of 0.01 GiB" in result.output and "raise --memory-cap-gib" in result.output
 
 
-def test_an_int4_artifact_is_refused_clearly(tmp_path):
+def test_a_broken_int4_artifact_is_refused_clearly(tmp_path):
     (tmp_path / "manifest.json").write_text("{}")
     result = CliRunner().invoke(main, ["serve", "--weights", str(tmp_path)])
-    assert result.exit_code == 1 and "INT4 artifacts are not yet supported by the server" in result.output
+    assert result.exit_code == 1 and "not a loadable artifact" in result.output
+
+
+def test_quant_plans_the_full_model_at_its_packed_size_before_allocating():
+    result = CliRunner().invoke(
+        main,
+        ["serve", "--synthetic", "full", "--quant", "default", "--device", "cpu", "--dtype", "bfloat16",
+         "--memory-cap-gib", "20"],
+    )  # fmt: skip
+    # Dense BF16 weights would be ~91.5 GiB; the INT4 default plan's packed weights are under 27.
+    assert (
+        result.exit_code == 1
+        and "weights 26.89" in result.output
+        and "raise --memory-cap-gib" in result.output
+    )
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--synthetic", "tiny", "--kernels", "fastest"], "no operation has a variant named 'fastest'"),
+        (["--synthetic", "tiny", "--kernels", "reference"], "apply to quantised weights"),
+    ],
+)
+def test_kernel_selections_are_checked_at_start_up(args, message):
+    result = CliRunner().invoke(main, ["serve", *args])
+    assert result.exit_code in (1, 2) and message in result.output
+
+
+def test_serve_an_int4_artifact(tmp_path):
+    """`kimi-engine serve --weights ARTIFACT`: the artifact's own chat template and tokenizer, the packed
+    kernels named at start-up and in /health, and a chat completion over a socket."""
+    _, artifact = write_tiny_artifact(tmp_path)
+    messages = [{"role": "user", "content": "hi"}]
+    process = CliProcess(
+        "engine", "serve", "--weights", str(artifact), "--port", "0", "--max-context", "1024"
+    )
+    try:
+        url = process.url()
+        with openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=30) as client:
+            reply = client.chat.completions.create(
+                model="kimi-linear", messages=messages, max_tokens=4, temperature=0
+            )
+        health = httpx.get(url + "/health", timeout=30).json()
+        tokens = httpx.post(url + "/tokenize", json={"messages": messages}, timeout=30)
+    finally:
+        process.stop()
+    output = "".join(process.output)
+    assert reply.usage.completion_tokens <= 4 and reply.choices[0].finish_reason in ("stop", "length"), output
+    assert health["quant_plan"] == "default" and health["kernel_variants"]["w4a16_gemv"] == "reference"
+    assert "INT4 artifact, plan default" in output and "w4a16_grouped_swiglu=reference" in output
+    rendered = jinja2.Template(ARTIFACT_CHAT_TEMPLATE).render(messages=messages, add_generation_prompt=True)
+    expected = Tokenizer.from_dir(artifact).encode(rendered, allow_special=True)
+    assert tokens.json()["tokens"] == expected  # the artifact's template, not the built-in synthetic one
 
 
 def test_weights_and_synthetic_are_exclusive(tmp_path):

@@ -10,17 +10,11 @@ translation to and from Anthropic Messages.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 
 from tests.server.server_support import SCRIPT, CliProcess
-
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("k3.app") is None,
-    reason="k3's proxy (k3.app, branch k3-core) is not in this tree yet",
-)
 
 TOOLS = [
     {
