@@ -249,6 +249,9 @@ def serve(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        # Listen before announcing the address: a client that connects before uvicorn starts is queued,
+        # not refused.
+        sock.listen(2048)
     except OSError as exc:
         raise click.UsageError(f"cannot bind {host}:{port}: {exc}") from None
     port = sock.getsockname()[1]

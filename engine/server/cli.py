@@ -246,6 +246,7 @@ def serve_command(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
+        sock.listen(2048)  # before announcing the address: early clients are queued, not refused
     except OSError as e:
         raise click.ClickException(f"cannot bind {host}:{port}: {e}") from None
     _print_start_up(engine, scripted is not None)
