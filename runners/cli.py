@@ -22,3 +22,7 @@ main.add_command(decode_command)
 from runners.accuracy import accuracy_command  # noqa: E402
 
 main.add_command(accuracy_command)
+
+from runners.kernels import kernels_command  # noqa: E402
+
+main.add_command(kernels_command)
