@@ -26,3 +26,7 @@ main.add_command(accuracy_command)
 from runners.kernels import kernels_command  # noqa: E402
 
 main.add_command(kernels_command)
+
+from runners.llamacpp import llamacpp_command  # noqa: E402
+
+main.add_command(llamacpp_command)
