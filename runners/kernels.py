@@ -34,7 +34,6 @@ from runners import gpu_check
 from runners.bandwidth import copy_bandwidth_gbs
 from runners.regenerate import regenerate
 
-COPY_MIB = 256
 MIN_SAMPLE_S = 0.02  # a sample times enough calls to last this long (timer resolution, loop overhead)
 LLC_FALLBACK = 32 << 20
 TIMING_CPU = "time.perf_counter around a batch of calls cycling through rotated input sets; per-call ms"
@@ -75,7 +74,7 @@ def time_on_cpu(m: gpu_check.Measurement, repeats: int, llc_bytes: int) -> tuple
 
 def measure_cpu(
     preset_name: str, group: int, batches: list[int], ops: list[str] | None, repeats: int, threads: int,
-    results: str, command: list[str],
+    copy_mib: int, results: str, command: list[str],
 ) -> int:  # fmt: skip
     """Equivalence, copy bandwidth and timing on the CPU; one receipt per (variant, shape). Returns the
     number of failed equivalence checks."""
@@ -91,17 +90,17 @@ def measure_cpu(
     for r in failed:
         click.echo(r.describe(), err=True)
     click.echo("measuring copy bandwidth ...", err=True)
-    copy = copy_bandwidth_gbs("cpu", size_mib=COPY_MIB)
+    copy = copy_bandwidth_gbs("cpu", size_mib=copy_mib)
     copy_median = statistics.median(copy)
     write_receipt(
         "kernels",
-        f"cpu_copy@{COPY_MIB}MiB",
+        f"cpu_copy@{copy_mib}MiB",
         config={
-            "bytes_copied": COPY_MIB << 20,
-            "counted_bytes": 2 * (COPY_MIB << 20),
+            "bytes_copied": copy_mib << 20,
+            "counted_bytes": 2 * (copy_mib << 20),
             "device": "cpu",
             "method": "runners.bandwidth.copy_bandwidth_gbs: dst.copy_(src), 3 rotated buffers",
-        },  # fmt: skip
+        },
         samples={"copy_gbs": copy},
         units={"copy_gbs": "GB/s"},
         derived={"copy_bandwidth_gbs": copy_median},
@@ -178,10 +177,17 @@ def _ints(text: str) -> list[int]:
 @click.option(
     "--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Default: cuda when available."
 )
+@click.option(
+    "--copy-mib",
+    type=click.IntRange(1),
+    default=256,
+    show_default=True,
+    help="CPU: size of each copy-bandwidth buffer (three are rotated; far above the cache by default).",
+)
 @click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def kernels_command(
-    preset_name, group_size, batches, ops, repeats, threads, device, results, no_regenerate
+    preset_name, group_size, batches, ops, repeats, threads, copy_mib, device, results, no_regenerate
 ) -> None:
     """Every kernel variant against its reference: equivalence, time, achieved GB/s and % of copy bandwidth."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -204,7 +210,8 @@ def kernels_command(
     else:
         spec = {
             "preset_name": preset_name or "tiny", "group": group_size, "batches": _ints(batches or "1"),
-            "ops": op_list, "repeats": repeats, "threads": threads, "results": str(results), "command": command,
+            "ops": op_list, "repeats": repeats, "threads": threads, "copy_mib": copy_mib, "results": str(results),
+            "command": command,
         }  # fmt: skip
         failed = measure_cpu(**spec) if triton_unavailable("cpu") is None else _in_interpreter(spec)
         if failed:

@@ -207,9 +207,18 @@ def _llama_notes(gguf_type: str, dtype: str) -> str:
     help="Our engine's dtype. Default: bf16 on a GPU, fp32 on the CPU.",
 )
 @click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights and the prompt.")
+@click.option(
+    "--models",
+    "models_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=MODELS,
+    show_default=True,
+    help="Where the checkpoint and GGUF files are built and reused.",
+)
 @click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
-def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device, dtype, seed, results, no_regenerate) -> None:  # fmt: skip
+def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device, dtype, seed, models_dir, results,
+                     no_regenerate) -> None:  # fmt: skip
     """Our engine against llama.cpp (llama-bench and llama-server) on the same synthetic model."""
     chosen = [t.strip() for t in types.split(",") if t.strip()]
     if not chosen or set(chosen) - set(GGUF_TYPES):
@@ -221,7 +230,7 @@ def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device
     torch.set_num_threads(threads)
     tools = ensure_tools()
     gpu_layers = 999 if tools.cuda else 0
-    models = prepare_models(synthetic, seed)
+    models = prepare_models(synthetic, seed, models_dir)
     vocab = preset(synthetic).vocab_size
     prompt_ids = torch.randint(
         0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(seed)
