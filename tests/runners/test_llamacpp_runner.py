@@ -10,9 +10,9 @@ from engine.synth import write_synthetic_checkpoint
 from harness.receipt import load_receipt, receipt_paths
 from runners.cli import main
 from runners.gguf_requantize import QUANTISED, requantize_q4_0, tensor_types
-from runners.llamacpp_tools import CACHE, VERSION
+from runners.llamacpp_tools import build_dir
 
-TOOLS = CACHE / f"build-{VERSION}-cpu" / "bin"
+TOOLS = build_dir() / "bin"
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,10 @@ def test_q4_0_copy_quantises_the_plan_tensors_within_one_step_and_copies_the_res
         assert err.max() > 0  # it really was quantised
 
 
-@pytest.mark.skipif(not (TOOLS / "llama-bench").exists(), reason=f"llama.cpp tools not built in {TOOLS}")
+@pytest.mark.skipif(
+    not all((TOOLS / tool).exists() for tool in ("llama-bench", "llama-server")),
+    reason=f"llama.cpp tools not built in {TOOLS} (`python -m runners llamacpp` builds them, minutes)",
+)
 def test_head_to_head_on_tiny_writes_engine_and_llama_receipts_and_stops_the_server(tmp_path):
     result = CliRunner().invoke(
         main,
