@@ -228,6 +228,10 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
             f"({sequences}) and --prompt-len < --seq-len ({seq_len})",
             param_hint="--prompts/--prompt-len",
         )
+    if text is not None and weights is None:
+        raise click.BadParameter(
+            "--text needs --weights (a checkpoint with a tokenizer)", param_hint="--text"
+        )
     if device == "cpu":
         torch.set_num_threads(threads)
     label = weights.name if weights is not None else f"synthetic-{synthetic}"
@@ -242,8 +246,6 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
         raise click.BadParameter(str(e), param_hint="--groups") from None
     synthetic_weights = checkpoint is None or checkpoint.synthetic is not None
     if text is not None:
-        if checkpoint is None:
-            raise click.BadParameter("--text needs --weights (a tokenizer)", param_hint="--text")
         eval_ids = text_sequences(Tokenizer.from_dir(weights), text.read_text(), sequences, seq_len)
         eval_set = f"text {text.name}: first {sequences} windows of {seq_len} tokens"
     else:
