@@ -6,6 +6,7 @@ from engine.model import KimiLinearForCausalLM, preset
 from engine.model.checkpoint_spec import checkpoint_tensors
 from engine.model.loading import parameter_for
 from engine.quant import REFERENCE_CONFIG, dequantize, make_plan, quantize
+from harness import figures
 from harness.receipt import load_receipt, receipt_paths
 from runners.accuracy import compare
 from runners.cli import main
@@ -109,6 +110,15 @@ def test_accuracy_runner_writes_one_receipt_per_plan_and_group(tmp_path):
     assert by_name["synthetic-tiny.shared-bf16.g32"]["weight_bytes_shared_expert"] > by_name[
         "synthetic-tiny.default.g32"]["weight_bytes_shared_expert"]  # fmt: skip
 
+    data = figures.build_all(tmp_path)
+    plans = {p["plan"]: p["gb"] for p in data["plan_weight_bytes"]["plans"]}
+    assert sorted(plans) == ["default g32", "default g64", "shared-bf16 g32", "shared-bf16 g64"]
+    assert sum(plans["default g32"].values()) * 1e9 == pytest.approx(28_803_304_448)
+    points = data["quantisation_quality"]["points"]
+    assert [p["kl_mean_nats"] for p in points] == [
+        by_name[f"synthetic-tiny.{p['plan'].replace(' ', '.')}"]["kl_mean_nats"] for p in points
+    ]
+
 
 def test_a_group_size_the_model_cannot_use_is_refused(tmp_path):
     result = CliRunner().invoke(
@@ -116,3 +126,23 @@ def test_a_group_size_the_model_cannot_use_is_refused(tmp_path):
     )
     assert result.exit_code == 2 and "group size 128" in result.output
     assert receipt_paths(tmp_path) == []
+
+
+def test_a_checkpoint_and_a_text_file_can_replace_the_synthetic_defaults(tmp_path):
+    from engine.synth import write_synthetic_checkpoint
+
+    write_synthetic_checkpoint(preset("tiny"), tmp_path / "ckpt", seed=3, preset_name="tiny")
+    (tmp_path / "text.txt").write_text("The quick brown fox jumps over the lazy dog. " * 3)
+    args = ["accuracy", "--weights", str(tmp_path / "ckpt"), "--plans", "default", "--groups", "32",
+            "--sequences", "2", "--seq-len", "16", "--prompts", "1", "--prompt-len", "4", "--greedy-tokens", "3",
+            "--results", str(tmp_path / "results"), "--no-regenerate"]  # fmt: skip
+    result = CliRunner().invoke(main, [*args, "--text", str(tmp_path / "text.txt")])
+    assert result.exit_code == 0, result.output
+    (receipt,) = [load_receipt(p) for p in receipt_paths(tmp_path / "results")]
+    assert receipt["name"] == "ckpt.default.g32" and receipt["config"]["weights"] == "synthetic weights"
+    assert receipt["config"]["eval_set"].startswith("text text.txt")
+    assert receipt["config"]["weight_source"] == str(tmp_path / "ckpt")
+    short = tmp_path / "short.txt"
+    short.write_text("too short")
+    result = CliRunner().invoke(main, [*args, "--text", str(short)])
+    assert result.exit_code == 2 and "the text has 9 tokens" in result.output

@@ -4,6 +4,7 @@ import sys
 
 from click.testing import CliRunner
 
+from harness import figures
 from harness.hardware import REPO_ROOT
 from harness.receipt import load_receipt, receipt_paths
 from runners.cli import main
@@ -41,6 +42,9 @@ def test_cpu_run_times_every_variant_and_marks_the_interpreter_not_comparable(tm
         assert derived["copy_bandwidth_gbs"] == copy["derived"]["copy_bandwidth_gbs"]
         assert derived["fraction_of_copy"] == derived["achieved_gbs"] / derived["copy_bandwidth_gbs"] > 0
         assert cfg["shape"]["B"] == 1 and cfg["preset"] == "tiny"
+    bars = figures.build_all(tmp_path)["kernel_bandwidth"]["bars"]  # the interpreted runs are left out
+    assert sorted(b["label"] for b in bars) == ["route_combine.reference experts_combine_B1",
+                                                "w16a16_gemv.reference lm_head_B1"]  # fmt: skip
 
 
 def test_without_the_interpreter_variable_the_cli_runs_the_work_in_a_child(tmp_path):
