@@ -335,16 +335,19 @@ def llamacpp_vs_engine(frame: pd.DataFrame) -> dict | None:
 
 def draw_llamacpp(data: dict) -> plt.Figure:
     rows = [(s["label"], b) for s in data["series"] for b in s["bars"]]
-    fig, axes = plt.subplots(1, 2, figsize=(9.0, 1.4 + 0.32 * len(rows)), sharey=True, layout="constrained")
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 1.4 + 0.45 * len(rows)), sharey=True, layout="constrained")
     y = list(range(len(rows)))
     colors = ["#c44e52" if b["name"].startswith("engine") else "#3b6ea5" for _, b in rows]
     for ax, metric, title in zip(axes, ("decode_tok_s", "prefill_tok_s"), ("decode", "prefill"), strict=True):
-        ax.barh(y, [b[metric] for _, b in rows], color=colors)
-        ax.set_xscale("log")
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        values = [b[metric] for _, b in rows]
+        ax.barh(y, values, color=colors)
+        for yi, value in zip(y, values, strict=True):
+            ax.annotate(f"{value:.4g}", (value, yi), xytext=(3, 0), textcoords="offset points", va="center",
+                        fontsize=7)  # fmt: skip
+        ax.set_xlim(0, max(values) * 1.15)
         ax.set_xlabel(f"{title} tokens/s")
-        ax.grid(axis="x", alpha=0.3, which="both")
-    axes[0].set_yticks(y, [f"{b['name']} · {label}" for label, b in rows], fontsize=6)
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(y, [f"{b['name']}\n{label}" for label, b in rows], fontsize=6)
     axes[0].invert_yaxis()
     fig.suptitle(data["title"])
     return fig
