@@ -5,7 +5,7 @@ replaced by its dequantised value (runners/dequantized.py): exactly what INT4/IN
 weights, independent of kernels. One receipt per (plan, group size): KL divergence of the next-token
 distributions (mean and max), top-1 agreement, perplexity of both models on a fixed token set and its
 change, greedy-sequence identity over N tokens, router expert-set agreement per MoE layer, and the bytes
-each tensor class occupies under the plan (this model and Kimi-Linear-48B). Method: docs/METHODS.md.
+each tensor class of Kimi-Linear-48B occupies under the plan. Method: docs/METHODS.md.
 """
 
 from __future__ import annotations
@@ -237,7 +237,6 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
     label = weights.name if weights is not None else f"synthetic-{synthetic}"
     click.echo(f"building {label} ({dtype}) on {device} ...", err=True)
     model, source, checkpoint = _model(weights, synthetic, device, DTYPES[dtype], seed)
-    cfg = model.config
     applier = PlanApplier(model, source)
     try:  # refuse a group size that does not fit the model before measuring anything
         for plan in candidates:
@@ -268,9 +267,7 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
                 reference, ref_greedy = run, greedy
                 continue
             samples, derived = compare(reference, run, ref_greedy, greedy)
-            bytes_model = stored_bytes_by_class(cfg.to_hf_dict(), plan)
             bytes_full = stored_bytes_by_class(REFERENCE_CONFIG, plan)
-            derived |= {f"weight_bytes_{k}": v for k, v in bytes_model.items()}
             derived |= {f"full_weight_bytes_{k}": v for k, v in bytes_full.items()}
             notes = [
                 "synthetic weights (random values, not a trained model)"
