@@ -193,7 +193,7 @@ def kernel_bandwidth(frame: pd.DataFrame) -> dict | None:
 
 def draw_kernel_bandwidth(data: dict) -> plt.Figure:
     bars = data["bars"]
-    fig, ax = plt.subplots(figsize=(7.2, 1.0 + 0.3 * len(bars)))
+    fig, ax = plt.subplots(figsize=(7.2, 1.0 + 0.3 * len(bars)), layout="constrained")
     y = list(range(len(bars)))
     hardware = sorted({b["hardware_id"] for b in bars})
     colors = [f"C{hardware.index(b['hardware_id']) % 10}" for b in bars]
@@ -207,12 +207,15 @@ def draw_kernel_bandwidth(data: dict) -> plt.Figure:
     ax.set_xlabel("% of copy bandwidth (Triton-interpreter runs on a CPU excluded)")
     ax.set_title(data["title"])
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
     return fig
 
 
 def _plan_label(plan: dict) -> str:
     return f"{plan['name']} g{plan['group_size']}"
+
+
+def _plan_order(plan: dict) -> tuple[str, int]:
+    return plan["name"], plan["group_size"]
 
 
 def plan_weight_bytes(frame: pd.DataFrame) -> dict | None:
@@ -227,8 +230,8 @@ def plan_weight_bytes(frame: pd.DataFrame) -> dict | None:
             if k.startswith("full_weight_bytes_")
         }
         if parts:
-            label = _plan_label(row.receipt["config"]["plan"])
-            plans.setdefault(label, {"plan": label, "gb": {k: v / 1e9 for k, v in sorted(parts.items())},
+            plan = row.receipt["config"]["plan"]
+            plans.setdefault(_plan_order(plan), {"plan": _plan_label(plan), "gb": {k: v / 1e9 for k, v in sorted(parts.items())},
                                      "receipt": row.path})  # fmt: skip
     if not plans:
         return None
@@ -264,13 +267,13 @@ def quantisation_quality(frame: pd.DataFrame) -> dict | None:
     for row in _newest_suite(frame, "accuracy").itertuples():
         receipt = row.receipt
         derived = receipt["derived"]
-        points.append({"plan": _plan_label(receipt["config"]["plan"]),
+        points.append({"plan": _plan_label(receipt["config"]["plan"]), "order": _plan_order(receipt["config"]["plan"]),
                        "model": f"{receipt['config']['model']} · {row.hardware_id}",
                        "kl_mean_nats": derived["kl_mean_nats"], "kl_max_nats": derived["kl_max_nats"],
                        "top1_agreement": derived["top1_agreement"], "receipt": row.path})  # fmt: skip
     if not points:
         return None
-    points.sort(key=lambda p: (p["model"], p["plan"]))
+    points.sort(key=lambda p: (p["model"], p["order"]))
     return {"title": "Quantised vs unquantised: next-token KL and top-1 agreement", "points": points}
 
 
