@@ -2,6 +2,9 @@
 
 nox -s tests          the test suite (what CI runs)
 nox -s bench-decode   the main job: engine decode throughput, written as receipts
+nox -s bench-kernels  every kernel variant against its reference (GPU: full shapes; CPU: small, interpreted)
+nox -s accuracy       quantised against unquantised model, per plan and group size
+nox -s bench-llamacpp our engine against llama.cpp on the same model (builds llama.cpp's tools once)
 nox -s audit          check that every number shown comes from a receipt
 nox -s conformance    real coding agents through k3 (receipt + docs/CLIENTS.md)
 """
@@ -70,8 +73,9 @@ def bench_decode(session: nox.Session) -> None:
 
 @nox.session(name="bench-kernels", python=PYTHON)
 def bench_kernels(session: nox.Session) -> None:
-    """Every kernel variant against its reference: achieved bandwidth."""
-    not_implemented(session, "the kernel runner", ISSUES["runners"])
+    """Every kernel variant against its reference: achieved bandwidth (args go to the runner)."""
+    install(session)
+    session.run("python", "-m", "runners", "kernels", *session.posargs)
 
 
 @nox.session(name="bench-proxy", python=PYTHON)
@@ -90,14 +94,16 @@ def proxy_gate(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def accuracy(session: nox.Session) -> None:
-    """Quantised against unquantised model: KL, top-1, perplexity, greedy identity."""
-    not_implemented(session, "the accuracy runner", ISSUES["runners"])
+    """Quantised against unquantised model: KL, top-1, perplexity, greedy identity (args go to the runner)."""
+    install(session)
+    session.run("python", "-m", "runners", "accuracy", *session.posargs)
 
 
 @nox.session(name="bench-llamacpp", python=PYTHON)
 def bench_llamacpp(session: nox.Session) -> None:
-    """Our engine against llama.cpp on the same model and machine."""
-    not_implemented(session, "the llama.cpp runner", ISSUES["runners"])
+    """Our engine against llama.cpp on the same model and machine (args go to the runner)."""
+    install(session)
+    session.run("python", "-m", "runners", "llamacpp", *session.posargs)
 
 
 @nox.session(python=PYTHON)

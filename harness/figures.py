@@ -163,11 +163,208 @@ def draw_headroom(data: dict) -> plt.Figure:
     return fig
 
 
+def _newest_suite(frame: pd.DataFrame, suite: str) -> pd.DataFrame:
+    rows = newest(frame)
+    return rows[rows["suite"] == suite] if not rows.empty else rows
+
+
+def kernel_bandwidth(frame: pd.DataFrame) -> dict | None:
+    """Achieved bandwidth of every timed kernel variant as % of the measured copy bandwidth; receipts marked
+    `"comparable": false` (the Triton interpreter on a CPU) are left out."""
+    bars = []
+    for row in _newest_suite(frame, "kernels").itertuples():
+        receipt = row.receipt
+        fraction = receipt["derived"].get("fraction_of_copy")
+        if fraction is None or receipt["config"].get("comparable") is False:
+            continue
+        cfg = receipt["config"]
+        label = f"{cfg['op']}.{cfg['variant']} {cfg['shape']['name']}"
+        bars.append({"label": label, "hardware_id": row.hardware_id, "percent_of_copy": 100 * fraction,
+                     "achieved_gbs": receipt["derived"]["achieved_gbs"],
+                     "copy_gbs": receipt["derived"]["copy_bandwidth_gbs"], "receipt": row.path})  # fmt: skip
+    if not bars:
+        return None
+    bars.sort(key=lambda b: (b["hardware_id"], b["label"]))
+    return {
+        "title": "Kernel bandwidth, % of measured copy bandwidth",
+        "bars": bars,
+    }
+
+
+def draw_kernel_bandwidth(data: dict) -> plt.Figure:
+    bars = data["bars"]
+    fig, ax = plt.subplots(figsize=(7.2, 1.0 + 0.3 * len(bars)), layout="constrained")
+    y = list(range(len(bars)))
+    hardware = sorted({b["hardware_id"] for b in bars})
+    colors = [f"C{hardware.index(b['hardware_id']) % 10}" for b in bars]
+    ax.barh(y, [b["percent_of_copy"] for b in bars], color=colors)
+    ax.set_yticks(y, [b["label"] for b in bars], fontsize=6)
+    ax.invert_yaxis()
+    ax.axvline(100, color="#222222", linewidth=0.8, linestyle="--")
+    for i, hw in enumerate(hardware):
+        ax.barh([], [], color=f"C{i % 10}", label=hw)
+    ax.legend(fontsize=6, loc="lower right")
+    ax.set_xlabel("% of copy bandwidth (Triton-interpreter runs on a CPU excluded)")
+    ax.set_title(data["title"])
+    ax.grid(axis="x", alpha=0.3)
+    return fig
+
+
+def _plan_label(plan: dict) -> str:
+    return f"{plan['name']} g{plan['group_size']}"
+
+
+def _plan_order(plan: dict) -> tuple[str, int]:
+    return plan["name"], plan["group_size"]
+
+
+def plan_weight_bytes(frame: pd.DataFrame) -> dict | None:
+    """Stored bytes of Kimi-Linear-48B per tensor class under each plan and group size (the accuracy
+    receipts' `full_weight_bytes_*`; one bar per plan, whichever model the receipt measured)."""
+    plans: dict[str, dict] = {}
+    for row in _newest_suite(frame, "accuracy").itertuples():
+        derived = row.receipt["derived"]
+        parts = {
+            k.removeprefix("full_weight_bytes_"): v
+            for k, v in derived.items()
+            if k.startswith("full_weight_bytes_")
+        }
+        if parts:
+            plan = row.receipt["config"]["plan"]
+            plans.setdefault(_plan_order(plan), {"plan": _plan_label(plan), "gb": {k: v / 1e9 for k, v in sorted(parts.items())},
+                                     "receipt": row.path})  # fmt: skip
+    if not plans:
+        return None
+    return {"title": "Kimi-Linear-48B stored weight bytes by tensor class, per plan",
+            "plans": [plans[k] for k in sorted(plans)]}  # fmt: skip
+
+
+def draw_plan_weight_bytes(data: dict) -> plt.Figure:
+    plans = data["plans"]
+    classes = sorted(
+        {c for p in plans for c in p["gb"]}, key=lambda c: -max(p["gb"].get(c, 0) for p in plans)
+    )
+    fig, ax = plt.subplots(figsize=(7.2, 1.2 + 0.4 * len(plans)))
+    y = list(range(len(plans)))
+    left = [0.0] * len(plans)
+    for i, cls in enumerate(classes):
+        widths = [p["gb"].get(cls, 0.0) for p in plans]
+        ax.barh(y, widths, left=left, color=f"C{i % 10}", label=cls)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    ax.set_yticks(y, [p["plan"] for p in plans])
+    ax.invert_yaxis()
+    ax.set_xlabel("GB (1e9 bytes)")
+    ax.set_title(data["title"])
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def quantisation_quality(frame: pd.DataFrame) -> dict | None:
+    """Mean / max KL and top-1 agreement of each plan and group size, per model and hardware."""
+    points = []
+    for row in _newest_suite(frame, "accuracy").itertuples():
+        receipt = row.receipt
+        derived = receipt["derived"]
+        points.append({"plan": _plan_label(receipt["config"]["plan"]), "order": _plan_order(receipt["config"]["plan"]),
+                       "model": f"{receipt['config']['model']} · {row.hardware_id}",
+                       "kl_mean_nats": derived["kl_mean_nats"], "kl_max_nats": derived["kl_max_nats"],
+                       "top1_agreement": derived["top1_agreement"], "receipt": row.path})  # fmt: skip
+    if not points:
+        return None
+    points.sort(key=lambda p: (p["model"], p["order"]))
+    return {"title": "Quantised vs unquantised: next-token KL and top-1 agreement", "points": points}
+
+
+def draw_quantisation_quality(data: dict) -> plt.Figure:
+    points = data["points"]
+    fig, (kl, top1) = plt.subplots(
+        1, 2, figsize=(9.0, 1.4 + 0.4 * len(points)), sharey=True, layout="constrained"
+    )
+    y = list(range(len(points)))
+    labels = [f"{p['plan']}\n{p['model']}" for p in points]
+    kl.barh(y, [p["kl_mean_nats"] for p in points], color="#3b6ea5", label="mean")
+    kl.scatter(
+        [p["kl_max_nats"] for p in points], y, color="#c44e52", marker="|", s=80, label="max", zorder=3
+    )
+    kl.set_xlabel("KL(unquantised ‖ quantised), nats")
+    kl.legend(fontsize=7)
+    top1.barh(y, [p["top1_agreement"] for p in points], color="#55a868")
+    top1.set_xlim(0, 1)
+    top1.set_xlabel("top-1 agreement")
+    kl.set_yticks(y, labels, fontsize=6)
+    kl.invert_yaxis()
+    for ax in (kl, top1):
+        ax.grid(axis="x", alpha=0.3, which="both")
+    fig.suptitle(data["title"])
+    return fig
+
+
+def llamacpp_vs_engine(frame: pd.DataFrame) -> dict | None:
+    """Decode and prefill tokens/s (medians) of our engine, llama-bench and llama-server on each GGUF type,
+    from the llama.cpp receipts (which carry the engine's medians of the same run)."""
+    groups: dict[str, dict] = {}
+    for row in _newest_suite(frame, "llamacpp").itertuples():
+        receipt = row.receipt
+        if "gguf_type" not in receipt["config"]:
+            continue
+        cfg, med = receipt["config"], {k: v["median"] for k, v in receipt["summary"].items()}
+        key = f"{cfg['model']} p{cfg['prompt_tokens']} n{cfg['generated_tokens']} t{cfg['threads']} · {row.hardware_id}"
+        group = groups.setdefault(key, {"label": key, "bars": {}})
+        engine = f"engine {cfg['engine']['dtype']}"
+        group["bars"][engine] = {
+            "decode_tok_s": receipt["derived"]["engine_decode_tok_s"],
+            "prefill_tok_s": receipt["derived"]["engine_prefill_tok_s"],
+            "receipt": row.path,
+        }
+        group["bars"][f"llama-bench {cfg['gguf_type']}"] = {
+            "decode_tok_s": med["tg_tok_s"],
+            "prefill_tok_s": med["pp_tok_s"],
+            "receipt": row.path,
+        }
+        group["bars"][f"llama-server {cfg['gguf_type']}"] = {"decode_tok_s": med["server_decode_tok_s"],
+                                                             "prefill_tok_s": med["server_prompt_tok_s"],
+                                                             "receipt": row.path}  # fmt: skip
+    if not groups:
+        return None
+    series = [{"label": g["label"], "bars": [{"name": k, **v} for k, v in sorted(g["bars"].items())]}
+              for _, g in sorted(groups.items())]  # fmt: skip
+    return {
+        "title": "Same model, same machine: our engine against llama.cpp (median tokens/s)",
+        "series": series,
+    }
+
+
+def draw_llamacpp(data: dict) -> plt.Figure:
+    rows = [(s["label"], b) for s in data["series"] for b in s["bars"]]
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 1.4 + 0.45 * len(rows)), sharey=True, layout="constrained")
+    y = list(range(len(rows)))
+    colors = ["#c44e52" if b["name"].startswith("engine") else "#3b6ea5" for _, b in rows]
+    for ax, metric, title in zip(axes, ("decode_tok_s", "prefill_tok_s"), ("decode", "prefill"), strict=True):
+        values = [b[metric] for _, b in rows]
+        ax.barh(y, values, color=colors)
+        for yi, value in zip(y, values, strict=True):
+            ax.annotate(f"{value:.4g}", (value, yi), xytext=(3, 0), textcoords="offset points", va="center",
+                        fontsize=7)  # fmt: skip
+        ax.set_xlim(0, max(values) * 1.15)
+        ax.set_xlabel(f"{title} tokens/s")
+        ax.grid(axis="x", alpha=0.3)
+    axes[0].set_yticks(y, [f"{b['name']}\n{label}" for label, b in rows], fontsize=6)
+    axes[0].invert_yaxis()
+    fig.suptitle(data["title"])
+    return fig
+
+
 FIGURES: list[Figure] = [
     Figure("harness_selfcheck", suite_medians("harness", "encode_us"), draw_bars),
     Figure("decode_throughput", decode_throughput, draw_decode),
     Figure("memory_headroom", memory_headroom, draw_headroom),
     Figure("proxy_overhead", suite_medians("proxy", "added_ms"), draw_bars),
+    Figure("kernel_bandwidth", kernel_bandwidth, draw_kernel_bandwidth),
+    Figure("plan_weight_bytes", plan_weight_bytes, draw_plan_weight_bytes),
+    Figure("quantisation_quality", quantisation_quality, draw_quantisation_quality),
+    Figure("llamacpp_vs_engine", llamacpp_vs_engine, draw_llamacpp),
 ]
 
 

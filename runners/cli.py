@@ -2,6 +2,9 @@
 
 python -m runners decode     engine decode (and prefill) throughput against the bandwidth roofline
 python -m runners proxy      latency k3 adds per request and per event
+python -m runners accuracy   quantised against unquantised model (KL, top-1, perplexity, greedy, routing)
+python -m runners kernels    every kernel variant against its reference: achieved bandwidth
+python -m runners llamacpp   our engine against llama.cpp on the same model and machine
 """
 
 import click
@@ -20,3 +23,15 @@ from runners.proxy import proxy_command, proxy_gate_command  # noqa: E402
 
 main.add_command(proxy_command)
 main.add_command(proxy_gate_command)
+
+from runners.accuracy import accuracy_command  # noqa: E402
+
+main.add_command(accuracy_command)
+
+from runners.kernels import kernels_command  # noqa: E402
+
+main.add_command(kernels_command)
+
+from runners.llamacpp import llamacpp_command  # noqa: E402
+
+main.add_command(llamacpp_command)

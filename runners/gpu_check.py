@@ -14,8 +14,10 @@ On a machine with an NVIDIA GPU (no network needed)::
 4. Writes one receipt per measurement through harness.receipt (suite "kernels") and equivalence.json.
 
 ``--sweep`` also checks and times alternative Triton launch configurations (tile rows, split-K) at batch 1,
-the data for choosing engine/kernels/triton_gemv.launch_config. Exits 1 if any equivalence check fails.
-``--dry-run`` lists the plan (shapes, bytes) without a GPU.
+the data for choosing engine/kernels/triton_gemv.launch_config. ``--references`` also times the reference
+variants (plain PyTorch), the baseline each kernel replaces. Exits 1 if any equivalence check fails.
+``--dry-run`` lists the plan (shapes, bytes) without a GPU. ``python -m runners kernels`` runs the same
+steps (with the references) through the runner CLI on a GPU, and at small shapes on the CPU.
 """
 
 from __future__ import annotations
@@ -77,9 +79,11 @@ def plan(
     ops: list[str] | None,
     *,
     sweep: bool = False,
+    references: bool = False,
 ) -> tuple[dict, list[Measurement]]:
     """The equivalence shapes per op (edge + full size) and the timed measurements (full size, fast
-    variants; with ``sweep`` also the SWEEP launch configurations at batch 1)."""
+    variants, with ``references`` the reference variants too; with ``sweep`` also the SWEEP launch
+    configurations at batch 1)."""
     full = kimi_shapes(config, group=group, batches=batches)
     selected = ops or list(full)
     unknown = set(selected) - set(full)
@@ -90,7 +94,7 @@ def plan(
         Measurement(op, v.name, shape, op_bytes(op, shape))
         for op in selected
         for v in registry.variants(op)
-        if not v.is_reference
+        if references or not v.is_reference
         for shape in full[op]
     ]
     if sweep:
@@ -110,8 +114,18 @@ def rotations(bytes_per_call: int, l2_bytes: int) -> int:
     return max(ROTATION_MIN, min(ROTATION_MAX, math.ceil(4 * l2_bytes / max(bytes_per_call, 1))))
 
 
+TIMING_GPU = "CUDA graph of rotated calls replayed under triton.testing.do_bench; per-call ms"
+
+
 def receipt_fields(
-    m: Measurement, times_ms: list[float], copy_gbs: float, rotation: int, check: dict
+    m: Measurement,
+    times_ms: list[float],
+    copy_gbs: float,
+    rotation: int,
+    check: dict,
+    *,
+    timing: str = TIMING_GPU,
+    extra_config: dict | None = None,
 ) -> dict:
     """Keyword arguments for harness.receipt.write_receipt for one timed kernel."""
     median_ms = statistics.median(times_ms)
@@ -125,8 +139,9 @@ def receipt_fields(
             "rotated_input_sets": rotation,
             "shipped_default_on_cuda": SHIPPED_DEFAULTS["cuda"].get(m.op) == m.variant and m.launch is None,
             "launch": None if m.launch is None else asdict(m.launch),
-            "timing": "CUDA graph of rotated calls replayed under triton.testing.do_bench; per-call ms",
+            "timing": timing,
             "equivalence": check,
+            **(extra_config or {}),
         },
         "samples": {"time_ms": times_ms},
         "units": {"time_ms": "ms"},
@@ -173,43 +188,31 @@ def _time(m: Measurement, device, l2_bytes: int) -> tuple[list[float], int]:
     return [t / rotation for t in times], rotation
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--out", type=Path, help="receipt directory (required unless --dry-run)")
-    parser.add_argument("--config", type=Path, help="HF config.json (default: Kimi-Linear-48B-A3B)")
-    parser.add_argument("--group-size", type=int, default=32)
-    parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes (default 1,8)")
-    parser.add_argument("--ops", help="comma-separated operations (default: all)")
-    parser.add_argument("--sweep", action="store_true", help="also time alternative launch configurations")
-    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit; needs no GPU")
-    args = parser.parse_args(argv)
-
-    config = KimiLinearConfig.from_file(args.config) if args.config else preset("full")
-    batches = tuple(int(b) for b in args.batches.split(","))
-    ops = args.ops.split(",") if args.ops else None
-    checks, timed = plan(config, args.group_size, batches, ops, sweep=args.sweep)
-
-    if args.dry_run:
-        for op, shapes in checks.items():
-            print(f"equivalence {op}: {len(shapes)} shapes x {len(registry.variants(op)) - 1} variants")
-        for m in timed:
-            print(f"time {m.name}: {m.bytes_per_call:,} bytes/call")
-        return 0
-    if args.out is None:
-        parser.error("--out is required")
+def run(
+    out: Path,
+    *,
+    config: KimiLinearConfig,
+    group: int,
+    batches: tuple[int, ...],
+    ops: list[str] | None,
+    sweep: bool = False,
+    references: bool = False,
+    command: list[str],
+    equivalence_json: Path | None = None,
+) -> int:
+    """Copy bandwidth, equivalence at edge + full shapes, then timing; receipts under ``out``.
+    Returns 1 when an equivalence check failed, 2 without a GPU, else 0."""
     if not torch.cuda.is_available():
         print("gpu_check needs an NVIDIA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     from engine.kernels.equivalence import check, check_all
     from harness.receipt import write_receipt
 
+    checks, timed = plan(config, group, batches, ops, sweep=sweep, references=references)
     device = torch.device("cuda")
     props = torch.cuda.get_device_properties(device)
     l2_bytes = props.L2_cache_size
     print(f"{props.name}: {props.multi_processor_count} SMs, L2 {l2_bytes / 2**20:.0f} MiB")
-    command = [sys.executable, "-m", "runners.gpu_check", *(argv if argv is not None else sys.argv[1:])]
 
     copy_gbs, copy_times = _copy_bandwidth(device)
     print(f"device copy bandwidth: {copy_gbs:.1f} GB/s (median of {len(copy_times)})")
@@ -225,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         units={"time_ms": "ms"},
         derived={"copy_bandwidth_gbs": copy_gbs},
         command=command,
-        results_dir=args.out,
+        results_dir=out,
     )
 
     results = check_all(checks, device=device)
@@ -234,32 +237,34 @@ def main(argv: list[str] | None = None) -> int:
     outcome = {(r.op, r.variant, r.shape["name"]): r for r in results}
 
     for m in timed:
-        if m.launch is None:
+        if m.variant == registry.REFERENCE:
+            result = None  # the reference is what the others are checked against
+        elif m.launch is None:
             result = outcome[(m.op, m.variant, m.shape["name"])]
         else:
             result = check(m.op, m.variant, m.shape, device=device, options=m.options)
             results.append(result)
-        if not result.passed:
+        if result is not None and not result.passed:
             print(f"skip timing {m.name}: not equivalent")
             continue
         times, rotation = _time(m, device, l2_bytes)
-        fields = receipt_fields(
-            m,
-            times,
-            copy_gbs,
-            rotation,
-            {"passed": True, "worst_ratio": result.worst_ratio, "seed": result.seed},
+        verdict = (
+            {"reference": True}
+            if result is None
+            else {"passed": True, "worst_ratio": result.worst_ratio, "seed": result.seed}
         )
-        path = write_receipt("kernels", m.name, **fields, command=command, results_dir=args.out)
+        fields = receipt_fields(
+            m, times, copy_gbs, rotation, verdict, extra_config={"device": "cuda", "comparable": True}
+        )
+        path = write_receipt("kernels", m.name, **fields, command=command, results_dir=out)
         d = fields["derived"]
         print(
             f"{m.name}: {statistics.median(times) * 1e3:.2f} us, {d['achieved_gbs']:.0f} GB/s, "
             f"{d['fraction_of_copy']:.1%} of copy -> {path}"
         )
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "equivalence.json").write_text(
-        json.dumps([asdict(r) for r in results], indent=1, default=str)
-    )
+    if equivalence_json is not None:
+        equivalence_json.parent.mkdir(parents=True, exist_ok=True)
+        equivalence_json.write_text(json.dumps([asdict(r) for r in results], indent=1, default=str))
     failed = [r for r in results if not r.passed]
     if failed:
         for r in failed:
@@ -267,6 +272,49 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(failed)} equivalence check(s) FAILED", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--out", type=Path, help="receipt directory (required unless --dry-run)")
+    parser.add_argument("--config", type=Path, help="HF config.json (default: Kimi-Linear-48B-A3B)")
+    parser.add_argument("--group-size", type=int, default=32)
+    parser.add_argument("--batches", default="1,8", help="comma-separated batch sizes (default 1,8)")
+    parser.add_argument("--ops", help="comma-separated operations (default: all)")
+    parser.add_argument("--sweep", action="store_true", help="also time alternative launch configurations")
+    parser.add_argument("--references", action="store_true", help="also time the reference variants")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit; needs no GPU")
+    args = parser.parse_args(argv)
+
+    config = KimiLinearConfig.from_file(args.config) if args.config else preset("full")
+    batches = tuple(int(b) for b in args.batches.split(","))
+    ops = args.ops.split(",") if args.ops else None
+
+    if args.dry_run:
+        checks, timed = plan(
+            config, args.group_size, batches, ops, sweep=args.sweep, references=args.references
+        )
+        for op, shapes in checks.items():
+            print(f"equivalence {op}: {len(shapes)} shapes x {len(registry.variants(op)) - 1} variants")
+        for m in timed:
+            print(f"time {m.name}: {m.bytes_per_call:,} bytes/call")
+        return 0
+    if args.out is None:
+        parser.error("--out is required")
+    command = [sys.executable, "-m", "runners.gpu_check", *(argv if argv is not None else sys.argv[1:])]
+    return run(
+        args.out,
+        config=config,
+        group=args.group_size,
+        batches=batches,
+        ops=ops,
+        sweep=args.sweep,
+        references=args.references,
+        command=command,
+        equivalence_json=args.out / "equivalence.json",
+    )
 
 
 if __name__ == "__main__":

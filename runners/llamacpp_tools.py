@@ -3,10 +3,14 @@
 The llama-cpp-python wheel ships only shared libraries, so the executables are built from the llama.cpp
 tree vendored in its sdist (same commit as the Python package) and cached under `.cache/llamacpp/`.
 With an NVIDIA GPU visible the build adds CUDA.
+
+On x86 the build is native minus AMX: the project's CPU machine advertises AMX, but its VM faults on tile
+instructions (`tilezero` raises SIGILL in ggml's AMX Q4_0 matmul), so quantised models would crash.
 """
 
 from __future__ import annotations
 
+import platform
 import shutil
 import subprocess
 import sys
@@ -21,6 +25,8 @@ from harness.hardware import REPO_ROOT
 VERSION = "0.3.36"
 CACHE = REPO_ROOT / ".cache" / "llamacpp"
 TARGETS = ("llama-bench", "llama-server")
+# GCC's explicit -mno-* flags win over -march=native whatever their order on the command line.
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 
 
 @dataclass(frozen=True)
@@ -40,10 +46,19 @@ def has_cuda() -> bool:
     return shutil.which("nvidia-smi") is not None and shutil.which("nvcc") is not None
 
 
+def _x86() -> bool:
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+def build_dir(cache: Path = CACHE, cuda: bool = False) -> Path:
+    """Where the tools for this configuration are built (the name changes with the flags that matter)."""
+    return cache / f"build-{VERSION}-{'cuda' if cuda else 'cpu'}{'-noamx' if _x86() else ''}"
+
+
 def ensure_tools(cache: Path = CACHE, cuda: bool | None = None) -> Tools:
     """Return the built tools, building them first when the cache does not hold them (minutes on 2 cores)."""
     cuda = has_cuda() if cuda is None else cuda
-    build = cache / f"build-{VERSION}-{'cuda' if cuda else 'cpu'}"
+    build = build_dir(cache, cuda)
     tools = Tools(build / "bin" / TARGETS[0], build / "bin" / TARGETS[1], build, cuda)
     if tools.bench.exists() and tools.server.exists():
         return tools
@@ -53,6 +68,8 @@ def ensure_tools(cache: Path = CACHE, cuda: bool | None = None) -> Tools:
         "-DLLAMA_OPENSSL=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
         "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_SERVER=ON", f"-DGGML_CUDA={'ON' if cuda else 'OFF'}",
     ]  # fmt: skip
+    if _x86():
+        flags += [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
     _run(["cmake", "-S", str(source), "-B", str(build), *flags], "configuring llama.cpp")
     _run(
         ["cmake", "--build", str(build), "--target", *TARGETS, "-j"], "building llama-bench and llama-server"

@@ -1,0 +1,314 @@
+"""`python -m runners accuracy`: quantised against unquantised model, on the same weights and inputs.
+
+The candidate for each (plan, group size) is the unquantised model with every tensor the plan quantises
+replaced by its dequantised value (runners/dequantized.py): exactly what INT4/INT8 storage does to the
+weights, independent of kernels. One receipt per (plan, group size): KL divergence of the next-token
+distributions (mean and max), top-1 agreement, perplexity of both models on a fixed token set and its
+change, greedy-sequence identity over N tokens, router expert-set agreement per MoE layer, and the bytes
+each tensor class of Kimi-Linear-48B occupies under the plan. Method: docs/METHODS.md.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+import click
+import torch
+
+from engine.model import Checkpoint, KimiLinearForCausalLM, Tokenizer, load_model, preset, sample
+from engine.quant import PLANS, REFERENCE_CONFIG, make_plan
+from engine.quant.plan import PlanError
+from harness.receipt import RESULTS_DIR, write_receipt
+from runners.decode import DTYPES
+from runners.dequantized import (
+    PlanApplier,
+    checkpoint_source,
+    fill,
+    stored_bytes_by_class,
+    synthetic_source,
+)
+from runners.quality_metrics import (
+    ForcedPass,
+    common_prefix,
+    expert_set_agreement,
+    forced_pass,
+    greedy_tokens,
+    kl_per_position,
+    top1_agreement,
+)
+from runners.regenerate import regenerate
+
+
+def sampled_sequences(model: KimiLinearForCausalLM, count: int, length: int, seed: int) -> torch.Tensor:
+    """The default evaluation set: `count` sequences of `length` tokens sampled from the unquantised model
+    itself at temperature 1 (seeded CPU generator), each starting from a seeded random token.
+
+    On text drawn from the reference distribution p, a candidate q's expected NLL is H(p) + KL(p ‖ q), so
+    the perplexity change is a damage measure that a flatter candidate cannot improve by chance (it could
+    on uniform random ids, which no model predicts)."""
+    generator = torch.Generator().manual_seed(seed)
+    device = model.device
+    token = torch.randint(0, model.config.vocab_size, (count,), generator=generator)
+    cache = model.new_cache(length, batch_size=count)
+    logits = model.prefill(token.view(count, 1).to(device), cache)
+    out = [token]
+    for _ in range(length - 1):
+        token = sample(logits.float().cpu(), 1.0, 1.0, generator)
+        out.append(token)
+        if len(out) < length:
+            logits = model.decode_step(token.to(device), cache)
+    return torch.stack(out, dim=1)
+
+
+def text_sequences(tokenizer: Tokenizer, text: str, count: int, length: int) -> torch.Tensor:
+    """The first `count` consecutive `length`-token windows of a text file, tokenised by the checkpoint's tokenizer."""
+    ids = tokenizer.encode(text)
+    if len(ids) < count * length:
+        raise click.BadParameter(
+            f"the text has {len(ids)} tokens; {count} sequences of {length} need {count * length}",
+            param_hint="--text",
+        )
+    return torch.tensor(ids[: count * length]).view(count, length)
+
+
+def compare(reference: ForcedPass, candidate: ForcedPass, ref_greedy, cand_greedy) -> tuple[dict, dict]:
+    """Samples (raw, per position / sequence / layer) and derived summary values of one candidate."""
+    kl = kl_per_position(reference, candidate)
+    top1 = top1_agreement(reference, candidate)
+    prefix = common_prefix(ref_greedy, cand_greedy)
+    n_greedy = ref_greedy.shape[1]
+    layers = sorted(reference.expert_sets)
+    routing = {i: expert_set_agreement(reference.expert_sets[i], candidate.expert_sets[i]) for i in layers}
+    ppl_ref = math.exp(reference.nll.mean().item())
+    ppl_cand = math.exp(candidate.nll.mean().item())
+    samples = {
+        "kl_nats": kl.flatten().tolist(),
+        "top1_agreement": top1.mean(-1).tolist(),
+        "nll_reference_nats": reference.nll.mean(-1).tolist(),
+        "nll_candidate_nats": candidate.nll.mean(-1).tolist(),
+        "greedy_common_prefix_tokens": prefix.tolist(),
+    }
+    if layers:
+        samples["router_exact_set_agreement"] = [routing[i][0] for i in layers]
+        samples["router_overlap"] = [routing[i][1] for i in layers]
+    derived = {
+        "kl_mean_nats": kl.mean().item(),
+        "kl_max_nats": kl.max().item(),
+        "top1_agreement": top1.mean().item(),
+        "perplexity_reference": ppl_ref,
+        "perplexity_candidate": ppl_cand,
+        "perplexity_delta": ppl_cand - ppl_ref,
+        "perplexity_relative_delta": ppl_cand / ppl_ref - 1,
+        "greedy_identical_fraction": (prefix == n_greedy).float().mean().item(),
+        "greedy_first_divergence_median": statistics.median(prefix.tolist()),
+    }
+    for i in layers:
+        derived[f"router_exact_set_agreement_layer{i}"] = routing[i][0]
+        derived[f"router_overlap_layer{i}"] = routing[i][1]
+    return samples, derived
+
+
+UNITS = {
+    "kl_nats": "nats",
+    "top1_agreement": "fraction",
+    "nll_reference_nats": "nats/token",
+    "nll_candidate_nats": "nats/token",
+    "greedy_common_prefix_tokens": "tokens",
+    "router_exact_set_agreement": "fraction",
+    "router_overlap": "fraction",
+    "kl_mean_nats": "nats",
+    "kl_max_nats": "nats",
+    "perplexity_delta": "perplexity",
+    "greedy_first_divergence_median": "tokens",
+}
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(
+            f"expected comma-separated whole numbers, got {text!r}", param_hint=what
+        ) from None
+
+
+def _plans(names: str, groups: list[int]) -> list:
+    chosen = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in chosen if n not in PLANS]
+    if unknown or not chosen:
+        raise click.BadParameter(
+            f"unknown plan(s) {unknown}; available: {', '.join(PLANS)}", param_hint="--plans"
+        )
+    try:
+        return [make_plan(n, group_size=g) for n in chosen for g in groups]
+    except PlanError as e:
+        raise click.BadParameter(str(e), param_hint="--groups") from None
+
+
+def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype, seed: int):
+    """The unquantised model, its weight source, and the HF config dict."""
+    if weights is not None:
+        checkpoint = Checkpoint.open(weights)
+        model = load_model(weights, device=device, dtype=dtype, progress=True)
+        return model, checkpoint_source(checkpoint, device), checkpoint
+    with torch.device("meta"):
+        model = KimiLinearForCausalLM(preset(synthetic), dtype=dtype)
+    model = model.to_empty(device=device).eval()
+    source = synthetic_source(seed, device)
+    fill(model, source)
+    return model, source, None
+
+
+@click.command("accuracy")
+@click.option(
+    "--synthetic",
+    type=click.Choice(["tiny", "small"]),
+    default="small",
+    show_default=True,
+    help="Synthetic model (weights generated in memory from --seed) when --weights is not given.",
+)
+@click.option(
+    "--weights",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    default=None,
+    help="A checkpoint directory (real or `kimi-engine synth`) instead of an in-memory synthetic model.",
+)
+@click.option(
+    "--plans", default=",".join(PLANS), show_default=True, help="Quantisation plans, comma-separated."
+)
+@click.option("--groups", default="32,64,128", show_default=True, help="Group sizes, comma-separated.")
+@click.option(
+    "--sequences", type=click.IntRange(1), default=8, show_default=True, help="Evaluation sequences."
+)
+@click.option(
+    "--seq-len", type=click.IntRange(2), default=128, show_default=True, help="Tokens per sequence."
+)
+@click.option(
+    "--text",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Evaluate on this text (tokenised with the checkpoint's tokenizer) instead of text sampled from "
+    "the unquantised model.",
+)
+@click.option(
+    "--prompts",
+    type=click.IntRange(1),
+    default=4,
+    show_default=True,
+    help="Greedy prompts: the first --prompt-len tokens of the first evaluation sequences.",
+)
+@click.option("--prompt-len", type=click.IntRange(1), default=16, show_default=True)
+@click.option("--greedy-tokens", "greedy_tokens_n", type=click.IntRange(1), default=32, show_default=True)
+@click.option("--device", default=None, help="cpu or cuda[:N]. Default: cuda when available.")
+@click.option(
+    "--dtype",
+    type=click.Choice(sorted(DTYPES)),
+    default="fp32",
+    show_default=True,
+    help="Model dtype. FP32 holds dequantised values exactly; BF16 rounds them once more.",
+)
+@click.option(
+    "--threads", type=click.IntRange(1), default=1, show_default=True, help="CPU threads for torch."
+)
+@click.option(
+    "--seed", default=0, show_default=True, help="Seed of the synthetic weights and the token sets."
+)
+@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
+@click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
+def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text, prompts, prompt_len,
+                     greedy_tokens_n, device, dtype, threads, seed, results, no_regenerate) -> None:  # fmt: skip
+    """Quantised against unquantised model: KL, top-1, perplexity, greedy identity, router agreement."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    candidates = _plans(plans, _ints(groups, "--groups"))
+    if prompts > sequences or prompt_len >= seq_len:
+        raise click.BadParameter(
+            f"greedy prompts are prefixes of the evaluation sequences: need --prompts <= --sequences "
+            f"({sequences}) and --prompt-len < --seq-len ({seq_len})",
+            param_hint="--prompts/--prompt-len",
+        )
+    if text is not None and weights is None:
+        raise click.BadParameter(
+            "--text needs --weights (a checkpoint with a tokenizer)", param_hint="--text"
+        )
+    if device == "cpu":
+        torch.set_num_threads(threads)
+    label = weights.name if weights is not None else f"synthetic-{synthetic}"
+    click.echo(f"building {label} ({dtype}) on {device} ...", err=True)
+    model, source, checkpoint = _model(weights, synthetic, device, DTYPES[dtype], seed)
+    applier = PlanApplier(model, source)
+    try:  # refuse a group size that does not fit the model before measuring anything
+        for plan in candidates:
+            applier.check(plan)
+    except PlanError as e:
+        raise click.BadParameter(str(e), param_hint="--groups") from None
+    synthetic_weights = checkpoint is None or checkpoint.synthetic is not None
+    if text is not None:
+        eval_ids = text_sequences(Tokenizer.from_dir(weights), text.read_text(), sequences, seq_len)
+        eval_set = f"text {text.name}: first {sequences} windows of {seq_len} tokens"
+    else:
+        with torch.inference_mode():
+            eval_ids = sampled_sequences(model, sequences, seq_len, seed)
+        eval_set = f"{sequences} x {seq_len} tokens sampled from the unquantised model (T=1, seed {seed})"
+    # Greedy prompts: the first tokens of the evaluation sequences.
+    prompt_ids = eval_ids[:prompts, :prompt_len]
+
+    written = []
+    steps = [None, *candidates]
+    with click.progressbar(
+        steps, label="accuracy", item_show_func=lambda p: p and f"{p.name} g{p.group_size}"
+    ) as bar:
+        for plan in bar:
+            counts = applier.apply(plan)
+            run = forced_pass(model, eval_ids.to(device))
+            greedy = greedy_tokens(model, prompt_ids.to(device), greedy_tokens_n)
+            if plan is None:
+                reference, ref_greedy = run, greedy
+                continue
+            samples, derived = compare(reference, run, ref_greedy, greedy)
+            bytes_full = stored_bytes_by_class(REFERENCE_CONFIG, plan)
+            derived |= {f"full_weight_bytes_{k}": v for k, v in bytes_full.items()}
+            notes = [
+                "synthetic weights (random values, not a trained model)"
+                if synthetic_weights
+                else "real weights",
+                "candidate = dequantised weights (exact storage damage, no kernels)",
+            ]
+            if text is None:
+                notes.append("evaluation text sampled from the unquantised model")
+            written.append(
+                write_receipt(
+                    "accuracy",
+                    f"{label}.{plan.name}.g{plan.group_size}",
+                    config={
+                        "model": label,
+                        "weights": "synthetic weights" if synthetic_weights else "real weights",
+                        "weight_source": source.describe,
+                        "dtype": dtype,
+                        "device": device,
+                        "plan": plan.to_json(),
+                        "tensors_per_precision": counts,
+                        "eval_set": eval_set,
+                        "sequences": sequences,
+                        "seq_len": seq_len,
+                        "prompts": prompts,
+                        "prompt_len": prompt_len,
+                        "greedy_tokens": greedy_tokens_n,
+                        "seed": seed,
+                        "router_layers": sorted(reference.expert_sets),
+                        "full_config": "Kimi-Linear-48B-A3B (engine.quant.REFERENCE_CONFIG) for full_weight_bytes_*",
+                    },
+                    samples=samples,
+                    units={k: UNITS[k] for k in samples}
+                    | {k: "B" for k in derived if "weight_bytes_" in k}
+                    | {k: UNITS[k] for k in derived if k in UNITS},
+                    derived=derived,
+                    notes="; ".join(notes),
+                    results_dir=results,
+                )
+            )
+    for path in written:
+        click.echo(f"wrote {path}")
+    if not no_regenerate:
+        regenerate(results)

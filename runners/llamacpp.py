@@ -1,0 +1,291 @@
+"""`python -m runners llamacpp`: our engine against llama.cpp on the same model and machine, in one run.
+
+The same synthetic weights are written as a checkpoint (`engine.synth`), exported with the project's
+GGUF exporter in F16 and re-quantised to Q4_0 (runners/gguf_requantize.py); files are cached under
+`.cache/llamacpp-models/` and rebuilt when the exporter or the weights change. llama.cpp's own
+`llama-bench` and `llama-server` (runners/llamacpp_tools.py: built from the llama-cpp-python sdist, with
+CUDA on a GPU machine) time prefill and decode of each file; our engine runs the same checkpoint through
+the decode runner's `measure()`. Same prompt length, generated tokens and thread count for all. Receipts:
+one for the engine, one per GGUF type with llama-bench and llama-server samples and the engine/llama.cpp
+ratios. Method: docs/METHODS.md.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import torch
+
+from engine.gguf_export import export_gguf
+from engine.model import load_model, preset
+from engine.synth import write_synthetic_checkpoint
+from harness.hardware import REPO_ROOT
+from harness.receipt import RESULTS_DIR, write_receipt
+from runners import gguf_requantize
+from runners.decode import DTYPES, measure
+from runners.llamacpp_server import completion_timings, running_server
+from runners.llamacpp_tools import Tools, ensure_tools
+from runners.regenerate import regenerate
+
+MODELS = REPO_ROOT / ".cache" / "llamacpp-models"
+# Whatever decides the bytes of the files: a change to any of these rebuilds them.
+_MODEL_SOURCES = (
+    "engine/synth.py",
+    "engine/gguf_export.py",
+    "engine/model/checkpoint_spec.py",
+    "runners/gguf_requantize.py",
+)
+GGUF_TYPES = ("f16", "q4_0")
+
+
+@dataclass(frozen=True)
+class Models:
+    checkpoint: Path
+    gguf: dict[str, Path]  # "f16" / "q4_0" -> file
+    tensor_types: dict[str, dict[str, int]]  # GGUF type -> tensor count per ggml type
+
+
+def prepare_models(preset_name: str, seed: int, root: Path = MODELS) -> Models:
+    """The checkpoint and both GGUF files for (preset, seed), built once and reused while unchanged."""
+    stamp = hashlib.sha256(
+        json.dumps([preset_name, seed]).encode()
+        + b"".join((REPO_ROOT / s).read_bytes() for s in _MODEL_SOURCES)
+    ).hexdigest()
+    folder = root / f"synthetic-{preset_name}-seed{seed}"
+    manifest = folder / "models.json"
+    models = Models(folder / "checkpoint", {t: folder / f"model-{t}.gguf" for t in GGUF_TYPES}, {})
+    if manifest.exists() and json.loads(manifest.read_text()).get("stamp") == stamp:
+        return Models(models.checkpoint, models.gguf, json.loads(manifest.read_text())["tensor_types"])
+    shutil.rmtree(folder, ignore_errors=True)
+    click.echo(
+        f"writing synthetic-{preset_name} (seed {seed}) and its GGUF files into {folder} ...", err=True
+    )
+    write_synthetic_checkpoint(
+        preset(preset_name), models.checkpoint, seed=seed, preset_name=preset_name, progress=True
+    )
+    export_gguf(models.checkpoint, models.gguf["f16"], dtype="f16", progress=True)
+    types = {"q4_0": gguf_requantize.requantize_q4_0(models.gguf["f16"], models.gguf["q4_0"])}
+    types["f16"] = gguf_requantize.tensor_types(models.gguf["f16"])
+    manifest.write_text(json.dumps({"stamp": stamp, "tensor_types": types}, indent=1))
+    return Models(models.checkpoint, models.gguf, types)
+
+
+def llama_bench(
+    tools: Tools, model: Path, *, prompt: int, gen: int, threads: int, repeats: int, gpu_layers: int
+) -> dict:
+    """Prefill of `prompt` tokens from an empty context and `gen` decode steps after `prompt` tokens of
+    context, each repeated (llama-bench warms up first); tokens/s of every repeat."""
+    common = ["-m", str(model), "-t", str(threads), "-r", str(repeats), "-ngl", str(gpu_layers), "-o", "json"]
+    prefill = _bench_json(tools, [*common, "-p", str(prompt), "-n", "0"])
+    decode = _bench_json(tools, [*common, "-p", "0", "-n", str(gen), "-d", str(prompt)])
+    return {
+        "pp_tok_s": prefill["samples_ts"],
+        "tg_tok_s": decode["samples_ts"],
+        "build": prefill["build_commit"],
+    }
+
+
+def _bench_json(tools: Tools, args: list[str]) -> dict:
+    proc = subprocess.run([str(tools.bench), *args], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        raise click.ClickException(f"llama-bench {' '.join(args)} failed:\n{proc.stderr[-2000:]}")
+    (result,) = json.loads(proc.stdout)
+    return result
+
+
+def server_runs(
+    tools: Tools, model: Path, prompt_ids: list[int], *, gen: int, threads: int, repeats: int, gpu_layers: int
+) -> dict:
+    """`repeats` timed /completion requests after one untimed warm-up, on a fresh server."""
+    samples: dict[str, list[float]] = {
+        "server_prompt_tok_s": [],
+        "server_decode_tok_s": [],
+        "server_request_ms": [],
+    }
+    with running_server(
+        tools.server, model, threads=threads, context=len(prompt_ids) + gen + 16, gpu_layers=gpu_layers
+    ) as url:
+        completion_timings(url, prompt_ids, gen)
+        for _ in range(repeats):
+            t = completion_timings(url, prompt_ids, gen)
+            samples["server_prompt_tok_s"].append(t["prompt_per_second"])
+            samples["server_decode_tok_s"].append(t["predicted_per_second"])
+            samples["server_request_ms"].append(t["request_ms"])
+    return samples
+
+
+def engine_runs(
+    checkpoint: Path, *, prompt: int, gen: int, repeats: int, device: str, dtype: str, seed: int
+) -> dict:
+    """The decode runner's measurement on the same checkpoint: one untimed warm-up, then `repeats`."""
+    model = load_model(checkpoint, device=device, dtype=DTYPES[dtype])
+    measure(model, prompt, 1, min(gen, 4), device, seed)
+    samples: dict[str, list[float]] = {}
+    for r in range(repeats):
+        for key, values in measure(model, prompt, 1, gen, device, seed + r).items():
+            samples.setdefault(key, []).extend(values)
+    return samples
+
+
+UNITS = {
+    "ttft_ms": "ms", "prefill_tok_s": "tok/s", "decode_ms": "ms/step", "decode_tok_s": "tok/s",
+    "pp_tok_s": "tok/s", "tg_tok_s": "tok/s", "server_prompt_tok_s": "tok/s", "server_decode_tok_s": "tok/s",
+    "server_request_ms": "ms",
+}  # fmt: skip
+
+
+def ratios(engine: dict, llama: dict) -> dict[str, float]:
+    """Engine tokens/s over llama.cpp tokens/s (medians): above 1, the engine is faster."""
+    med = {k: statistics.median(v) for k, v in (engine | llama).items()}
+    return {
+        "engine_decode_tok_s": med["decode_tok_s"],
+        "engine_prefill_tok_s": med["prefill_tok_s"],
+        "engine_over_llama_bench_decode": med["decode_tok_s"] / med["tg_tok_s"],
+        "engine_over_llama_bench_prefill": med["prefill_tok_s"] / med["pp_tok_s"],
+        "engine_over_llama_server_decode": med["decode_tok_s"] / med["server_decode_tok_s"],
+        "engine_over_llama_server_prefill": med["prefill_tok_s"] / med["server_prompt_tok_s"],
+    }
+
+
+ENGINE_METHOD = "local-kimi eager decode_step, greedy argmax (runners.decode.measure) on the same checkpoint"
+BENCH_METHOD = "prefill: -p PROMPT -n 0; decode: -p 0 -n GEN -d PROMPT; tokens/s of every repeat"
+SERVER_METHOD = (
+    "/completion with the token-id prompt, temperature 0, ignore_eos, cache_prompt false; "
+    "timings.prompt_per_second / predicted_per_second; one untimed warm-up request"
+)
+
+
+def _llama_notes(gguf_type: str, dtype: str) -> str:
+    notes = (
+        f"synthetic weights; llama.cpp {gguf_type.upper()} GGUF against our engine's {dtype} dense model "
+        "(no INT4 model path yet); ratios = engine / llama.cpp tokens/s"
+    )
+    if gguf_type == "q4_0":
+        notes += (
+            "; Q4_0 differs from our INT4 codec: FP16 scale = extreme/-8 with codes -8..7 (ours: BF16 "
+            "absmax/7, -7..7), group fixed at 32, 8-bit activations in llama.cpp's CPU matmuls"
+        )
+    return notes
+
+
+@click.command("llamacpp")
+@click.option(
+    "--synthetic",
+    type=click.Choice(["tiny", "small"]),
+    default="small",
+    show_default=True,
+    help="Synthetic model.",
+)
+@click.option(
+    "--prompt", "prompt_len", type=click.IntRange(1), default=128, show_default=True, help="Prompt tokens."
+)
+@click.option("--gen", type=click.IntRange(2), default=32, show_default=True, help="Generated tokens timed.")
+@click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
+@click.option(
+    "--threads",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="CPU threads for both engines (llama.cpp -t, torch.set_num_threads).",
+)
+@click.option(
+    "--types", default=",".join(GGUF_TYPES), show_default=True, help="GGUF types to run, comma-separated."
+)
+@click.option("--device", default=None, help="Our engine's device. Default: cuda when available.")
+@click.option(
+    "--dtype",
+    type=click.Choice(sorted(DTYPES)),
+    default=None,
+    help="Our engine's dtype. Default: bf16 on a GPU, fp32 on the CPU.",
+)
+@click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights and the prompt.")
+@click.option(
+    "--models",
+    "models_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=MODELS,
+    show_default=True,
+    help="Where the checkpoint and GGUF files are built and reused.",
+)
+@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
+@click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
+def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device, dtype, seed, models_dir, results,
+                     no_regenerate) -> None:  # fmt: skip
+    """Our engine against llama.cpp (llama-bench and llama-server) on the same synthetic model."""
+    chosen = [t.strip() for t in types.split(",") if t.strip()]
+    if not chosen or set(chosen) - set(GGUF_TYPES):
+        raise click.BadParameter(
+            f"expected some of {', '.join(GGUF_TYPES)}, got {types!r}", param_hint="--types"
+        )
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = dtype or ("bf16" if device.startswith("cuda") else "fp32")
+    torch.set_num_threads(threads)
+    tools = ensure_tools()
+    gpu_layers = 999 if tools.cuda else 0
+    models = prepare_models(synthetic, seed, models_dir)
+    vocab = preset(synthetic).vocab_size
+    prompt_ids = torch.randint(
+        0, vocab, (prompt_len,), generator=torch.Generator().manual_seed(seed)
+    ).tolist()
+    label = f"synthetic-{synthetic}.p{prompt_len}.n{gen}.t{threads}"
+    common = {
+        "model": f"synthetic-{synthetic}", "weights": "synthetic weights", "seed": seed, "prompt_tokens": prompt_len,
+        "generated_tokens": gen, "repeats": repeats, "threads": threads,
+    }  # fmt: skip
+    command = [sys.executable, "-m", "runners", *sys.argv[1:]]
+
+    engine_name = f"engine.{label}.{dtype}"
+    written = []
+    with click.progressbar(
+        ["engine", *chosen], label="llama.cpp head to head", item_show_func=lambda s: s
+    ) as bar:
+        for step in bar:
+            if step == "engine":
+                engine = engine_runs(models.checkpoint, prompt=prompt_len, gen=gen, repeats=repeats,
+                                     device=device, dtype=dtype, seed=seed)  # fmt: skip
+                receipt = {
+                    "name": engine_name,
+                    "config": common | {"engine": ENGINE_METHOD, "dtype": dtype, "device": device},
+                    "samples": engine,
+                    "derived": {},
+                    "notes": "synthetic weights; dense model (the engine has no INT4 model path yet)",
+                }
+            else:
+                bench = llama_bench(tools, models.gguf[step], prompt=prompt_len, gen=gen, threads=threads,
+                                    repeats=repeats, gpu_layers=gpu_layers)  # fmt: skip
+                served = server_runs(tools, models.gguf[step], prompt_ids, gen=gen, threads=threads,
+                                     repeats=repeats, gpu_layers=gpu_layers)  # fmt: skip
+                samples = {"pp_tok_s": bench["pp_tok_s"], "tg_tok_s": bench["tg_tok_s"], **served}
+                config = common | {
+                    "gguf_type": step, "gguf_bytes": models.gguf[step].stat().st_size,
+                    "gguf_tensor_types": models.tensor_types[step], "llama_cpp": tools.version(),
+                    "llama_cpp_build": "cuda" if tools.cuda else "cpu", "n_gpu_layers": gpu_layers,
+                    "kv_cache_type": "f16 (llama.cpp default)", "llama_bench": BENCH_METHOD,
+                    "llama_server": SERVER_METHOD,
+                    "engine": {"dtype": dtype, "device": device, "receipt_name": engine_name},
+                }  # fmt: skip
+                receipt = {
+                    "name": f"llama.cpp.{label}.{step}",
+                    "config": config,
+                    "samples": samples,
+                    "derived": ratios(engine, samples),
+                    "notes": _llama_notes(step, dtype),
+                }
+            units = {k: UNITS[k] for k in receipt["samples"]} | {
+                k: "tok/s" if k.endswith("tok_s") else "ratio" for k in receipt["derived"]
+            }
+            written.append(
+                write_receipt("llamacpp", **receipt, units=units, command=command, results_dir=results)
+            )
+    for path in written:
+        click.echo(f"wrote {path}")
+    if not no_regenerate:
+        regenerate(results)

@@ -1,0 +1,81 @@
+import gguf
+import numpy as np
+import psutil
+import pytest
+from click.testing import CliRunner
+
+from engine.gguf_export import export_gguf
+from engine.model import preset
+from engine.synth import write_synthetic_checkpoint
+from harness.receipt import load_receipt, receipt_paths
+from runners.cli import main
+from runners.gguf_requantize import QUANTISED, requantize_q4_0, tensor_types
+from runners.llamacpp_tools import build_dir
+
+TOOLS = build_dir() / "bin"
+
+
+@pytest.fixture(scope="module")
+def f16_gguf(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf")
+    write_synthetic_checkpoint(preset("tiny"), root / "ckpt", seed=5, preset_name="tiny")
+    return export_gguf(root / "ckpt", root / "f16.gguf", dtype="f16")
+
+
+def test_q4_0_copy_quantises_the_plan_tensors_within_one_step_and_copies_the_rest(f16_gguf, tmp_path):
+    counts = requantize_q4_0(f16_gguf, tmp_path / "q4.gguf")
+    assert counts == tensor_types(tmp_path / "q4.gguf") and counts["Q4_0"] > 0
+    src, dst = gguf.GGUFReader(f16_gguf), gguf.GGUFReader(tmp_path / "q4.gguf")
+    assert dst.get_field("general.file_type").contents() == gguf.LlamaFileType.MOSTLY_Q4_0
+    assert (
+        dst.get_field("kimi-linear.expert_count").contents()
+        == src.get_field("kimi-linear.expert_count").contents()
+    )
+    names = {t.name for t in dst.tensors if t.tensor_type == gguf.GGMLQuantizationType.Q4_0}
+    assert "blk.1.ffn_down_exps.weight" in names and "blk.0.attn_q.weight" in names
+    assert "output.weight" not in names and "token_embd.weight" not in names  # the plan keeps them 16-bit
+    for a, b in zip(src.tensors, dst.tensors, strict=True):
+        assert a.name == b.name
+        if a.name not in names:
+            assert a.tensor_type == b.tensor_type and np.array_equal(a.data, b.data)
+            continue
+        assert QUANTISED.match(a.name) and a.tensor_type == gguf.GGMLQuantizationType.F16
+        x = a.data.astype(np.float32)
+        back = gguf.quants.dequantize(b.data, gguf.GGMLQuantizationType.Q4_0).reshape(x.shape)
+        # One step of the block's scale (= its largest magnitude / 8) bounds the error; FP16 scale rounding aside.
+        blocks = np.abs(x).reshape(-1, 32).max(-1, keepdims=True) / 8
+        err = np.abs(back - x).reshape(-1, 32)
+        assert (err <= blocks * 1.001 + 1e-7).all(), a.name
+        assert err.max() > 0  # it really was quantised
+
+
+@pytest.mark.skipif(
+    not all((TOOLS / tool).exists() for tool in ("llama-bench", "llama-server")),
+    reason=f"llama.cpp tools not built in {TOOLS} (`python -m runners llamacpp` builds them, minutes)",
+)
+def test_head_to_head_on_tiny_writes_engine_and_llama_receipts_and_stops_the_server(tmp_path):
+    result = CliRunner().invoke(
+        main,
+        ["llamacpp", "--synthetic", "tiny", "--prompt", "8", "--gen", "4", "--repeats", "1",
+         "--models", str(tmp_path / "models"), "--results", str(tmp_path / "results"), "--no-regenerate"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert not [p for p in psutil.Process().children(recursive=True) if "llama-server" in p.name()]
+    receipts = {r["name"]: r for r in (load_receipt(p) for p in receipt_paths(tmp_path / "results"))}
+    label = "synthetic-tiny.p8.n4.t1"
+    assert set(receipts) == {f"engine.{label}.fp32", f"llama.cpp.{label}.f16", f"llama.cpp.{label}.q4_0"}
+    engine = receipts[f"engine.{label}.fp32"]
+    assert len(engine["samples"]["decode_ms"]) == 4 and "synthetic weights" in engine["notes"]
+    for kind in ("f16", "q4_0"):
+        r = receipts[f"llama.cpp.{label}.{kind}"]
+        cfg, d = r["config"], r["derived"]
+        assert cfg["gguf_type"] == kind and cfg["threads"] == 1 and cfg["n_gpu_layers"] == 0
+        assert "0c1e570" in cfg["llama_cpp"]
+        for metric in ("pp_tok_s", "tg_tok_s", "server_prompt_tok_s", "server_decode_tok_s"):
+            assert len(r["samples"][metric]) == 1 and r["samples"][metric][0] > 0
+        assert d["engine_decode_tok_s"] == engine["summary"]["decode_tok_s"]["median"]
+        assert (
+            d["engine_over_llama_bench_decode"]
+            == d["engine_decode_tok_s"] / r["summary"]["tg_tok_s"]["median"]
+        )
+    assert "Q4_0 differs" in receipts[f"llama.cpp.{label}.q4_0"]["notes"]
