@@ -1,7 +1,8 @@
 """llama.cpp's own `llama-bench` and `llama-server`, built once from the llama-cpp-python source distribution.
 
 The llama-cpp-python wheel ships only shared libraries, so the executables are built from the llama.cpp
-tree vendored in its sdist (same commit as the Python package) and cached under `.cache/llamacpp/`.
+tree vendored in its sdist (same commit as the Python package) and cached under
+`~/.cache/local-kimi/llamacpp/` (or `$KIMI_CACHE_DIR/llamacpp/`).
 With an NVIDIA GPU visible the build adds CUDA.
 
 On x86 the build is native minus AMX: the project's CPU machine advertises AMX, but its VM faults on tile
@@ -10,6 +11,7 @@ instructions (`tilezero` raises SIGILL in ggml's AMX Q4_0 matmul), so quantised 
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import subprocess
@@ -20,10 +22,9 @@ from pathlib import Path
 
 import click
 
-from harness.hardware import REPO_ROOT
-
 VERSION = "0.3.36"
-CACHE = REPO_ROOT / ".cache" / "llamacpp"
+# Outside the checkout, so every clone on a machine (CI's included) reuses one build.
+CACHE = Path(os.environ.get("KIMI_CACHE_DIR", Path.home() / ".cache" / "local-kimi")) / "llamacpp"
 TARGETS = ("llama-bench", "llama-server")
 # GCC's explicit -mno-* flags win over -march=native whatever their order on the command line.
 NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
