@@ -55,7 +55,7 @@ from k3.ir import Event
 from k3.pipeline import Collector, Translator, completion_to_chunk, make_text_parser
 from k3.tokens import estimate
 from k3.upstream import Upstream
-from k3.upstream_request import build_payload, tool_to_upstream
+from k3.upstream_request import build_payload, encode_payload, tool_to_upstream
 
 log = logging.getLogger("k3")
 
@@ -192,7 +192,7 @@ class K3:
                 found.preset, request.model, self.config.model, self.config.small_model
             )
             memory = TurnMemory(self.memory, headers, found.preset.name)
-            payload = orjson.dumps(build_payload(request, self.config, upstream_model, memory))
+            payload = encode_payload(build_payload(request, self.config, upstream_model, memory), body)
         except ClientGone:
             self.stats.counters["disconnects"] += 1
             return
@@ -359,6 +359,7 @@ class K3:
                 self.config.small_model,
             )
             payload = build_payload(request, self.config, model)
+            encode_payload(payload, body)  # the tokenizer call must not be the first to find a bad value
         except Exception:  # counting never fails on an odd body: estimate from its size
             return await send_json(send, 200, orjson.dumps({"input_tokens": max(1, len(raw) // 4)}))
         count = await self.upstream.count_tokens(payload)
