@@ -36,9 +36,9 @@ from k3 import presets
 from k3.config import Config
 from k3.connection import (
     SSE_HEADERS,
-    WATCH_AFTER,
     ClientGone,
     Hangup,
+    HangupWatch,
     Receive,
     Scope,
     Send,
@@ -112,6 +112,7 @@ class K3:
         self.upstream = Upstream(config, upstream_transport)
         self.stats = Stats()
         self.memory = open_memory(config)
+        self.hangups = HangupWatch()
         self._api_key = config.api_key.encode() if config.api_key else None
 
     # -- helpers --------------------------------------------------------------------------------
@@ -222,7 +223,7 @@ class K3:
         task = asyncio.current_task()
         assert task is not None
         hangup = Hangup(task, receive)
-        timer = asyncio.get_running_loop().call_later(WATCH_AFTER, hangup.start)
+        self.hangups.add(hangup)
         try:
             await work
         except asyncio.CancelledError:
@@ -231,7 +232,7 @@ class K3:
             task.uncancel()
             self.stats.counters["disconnects"] += 1
         finally:
-            timer.cancel()
+            self.hangups.discard(hangup)
             hangup.stop()
 
     def _finish_record(

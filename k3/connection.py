@@ -126,7 +126,7 @@ class SSEWriter:
 
 class Hangup:
     """Watches for the client hanging up and then cancels the turn's task (closing the upstream
-    request with it). Started by a timer, so turns shorter than WATCH_AFTER never pay for it."""
+    request with it). Started by the server's `HangupWatch`, so short turns never pay for it."""
 
     __slots__ = ("_task", "_receive", "_watcher", "finished", "hung_up")
 
@@ -138,7 +138,8 @@ class Hangup:
         self.hung_up = False
 
     def start(self) -> None:
-        self._watcher = asyncio.ensure_future(self._watch())
+        if not self.finished and self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._watch())
 
     async def _watch(self) -> None:
         while True:
@@ -153,3 +154,38 @@ class Hangup:
         self.finished = True
         if self._watcher is not None:
             self._watcher.cancel()
+
+
+class HangupWatch:
+    """One timer for all the turns of a server, instead of one per turn: every WATCH_AFTER
+    seconds it starts the hang-up watch of each turn that was already running at the previous
+    tick (so a turn is watched from between one and two periods in). The timer runs only while
+    turns do; a turn costs two set operations."""
+
+    __slots__ = ("_loop", "_timer", "_young", "_old")
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._young: set[Hangup] = set()  # arrived since the last tick
+        self._old: set[Hangup] = set()  # were running at the last tick
+
+    def add(self, hangup: Hangup) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a new event loop (tests): the old one's turns are gone
+            self._loop, self._timer = loop, None
+            self._young, self._old = set(), set()
+        self._young.add(hangup)
+        if self._timer is None:
+            self._timer = loop.call_later(WATCH_AFTER, self._tick)
+
+    def discard(self, hangup: Hangup) -> None:
+        self._young.discard(hangup)
+        self._old.discard(hangup)
+
+    def _tick(self) -> None:
+        for hangup in self._old:
+            hangup.start()
+        self._old, self._young = self._young, set()
+        loop = self._loop
+        self._timer = loop.call_later(WATCH_AFTER, self._tick) if self._old and loop is not None else None
