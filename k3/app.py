@@ -38,7 +38,7 @@ from k3.connection import (
     SSE_HEADERS,
     ClientGone,
     Hangup,
-    HangupWatch,
+    LateStart,
     Receive,
     Scope,
     Send,
@@ -112,7 +112,7 @@ class K3:
         self.upstream = Upstream(config, upstream_transport)
         self.stats = Stats()
         self.memory = open_memory(config)
-        self.hangups = HangupWatch()
+        self.late = LateStart()  # hang-up watches and keep-alive timers of long turns
         self._api_key = config.api_key.encode() if config.api_key else None
 
     # -- helpers --------------------------------------------------------------------------------
@@ -223,7 +223,7 @@ class K3:
         task = asyncio.current_task()
         assert task is not None
         hangup = Hangup(task, receive)
-        self.hangups.add(hangup)
+        self.late.add(hangup)
         try:
             await work
         except asyncio.CancelledError:
@@ -232,7 +232,7 @@ class K3:
             task.uncancel()
             self.stats.counters["disconnects"] += 1
         finally:
-            self.hangups.discard(hangup)
+            self.late.discard(hangup)
             hangup.stop()
 
     def _finish_record(
@@ -308,7 +308,7 @@ class K3:
         try:
             try:
                 async with self.upstream.stream(payload) as chunks:
-                    writer.arm()
+                    self.late.add(writer)
                     async for batch in chunks:
                         events = [e for chunk in batch for e in translator.feed(chunk)]
                         if events:
@@ -331,6 +331,7 @@ class K3:
             else:
                 await send_json(send, err.status, error_body(turn.dialect, err))
         finally:
+            self.late.discard(writer)
             writer.disarm()
             if not failed and not memory.committed:
                 # The client left early (perhaps after the engine's last token, before our last
