@@ -80,17 +80,20 @@ class SSEWriter:
         self.closed = False
         self.last = time.monotonic()
 
-    async def _commit(self) -> None:
-        if not self.committed:
-            self.committed = True
-            await self._send({"type": "http.response.start", "status": 200, "headers": self._headers})
-            await self._send({"type": "http.response.body", "body": self._start, "more_body": True})
+    async def _commit(self, data: bytes) -> bytes:
+        """Send the 200 if not yet sent; -> the bytes to write next (the dialect's opening frames
+        go out with the first data, in one write, so the client wakes once for both)."""
+        if self.committed:
+            return data
+        self.committed = True
+        await self._send({"type": "http.response.start", "status": 200, "headers": self._headers})
+        return self._start + data
 
     async def write(self, data: bytes) -> None:
         async with self._lock:
             if self.closed:
                 return
-            await self._commit()
+            data = await self._commit(data)
             if data:
                 await self._send({"type": "http.response.body", "body": data, "more_body": True})
             self.last = time.monotonic()
@@ -100,7 +103,7 @@ class SSEWriter:
             if self.closed:
                 return
             self.closed = True
-            await self._commit()
+            data = await self._commit(data)
             await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
     def start(self) -> None:
