@@ -36,9 +36,9 @@ from k3 import presets
 from k3.config import Config
 from k3.connection import (
     SSE_HEADERS,
-    WATCH_AFTER,
     ClientGone,
     Hangup,
+    LateStart,
     Receive,
     Scope,
     Send,
@@ -55,7 +55,7 @@ from k3.ir import Event
 from k3.pipeline import Collector, Translator, completion_to_chunk, make_text_parser
 from k3.tokens import estimate
 from k3.upstream import Upstream
-from k3.upstream_request import build_payload, tool_to_upstream
+from k3.upstream_request import build_payload, encode_payload, tool_to_upstream
 
 log = logging.getLogger("k3")
 
@@ -112,6 +112,7 @@ class K3:
         self.upstream = Upstream(config, upstream_transport)
         self.stats = Stats()
         self.memory = open_memory(config)
+        self.late = LateStart()  # hang-up watches and keep-alive timers of long turns
         self._api_key = config.api_key.encode() if config.api_key else None
 
     # -- helpers --------------------------------------------------------------------------------
@@ -192,7 +193,7 @@ class K3:
                 found.preset, request.model, self.config.model, self.config.small_model
             )
             memory = TurnMemory(self.memory, headers, found.preset.name)
-            payload = orjson.dumps(build_payload(request, self.config, upstream_model, memory))
+            payload = encode_payload(build_payload(request, self.config, upstream_model, memory), body)
         except ClientGone:
             self.stats.counters["disconnects"] += 1
             return
@@ -222,7 +223,7 @@ class K3:
         task = asyncio.current_task()
         assert task is not None
         hangup = Hangup(task, receive)
-        timer = asyncio.get_running_loop().call_later(WATCH_AFTER, hangup.start)
+        self.late.add(hangup)
         try:
             await work
         except asyncio.CancelledError:
@@ -231,7 +232,7 @@ class K3:
             task.uncancel()
             self.stats.counters["disconnects"] += 1
         finally:
-            timer.cancel()
+            self.late.discard(hangup)
             hangup.stop()
 
     def _finish_record(
@@ -307,7 +308,7 @@ class K3:
         try:
             try:
                 async with self.upstream.stream(payload) as chunks:
-                    writer.arm()
+                    self.late.add(writer)
                     async for batch in chunks:
                         events = [e for chunk in batch for e in translator.feed(chunk)]
                         if events:
@@ -330,6 +331,7 @@ class K3:
             else:
                 await send_json(send, err.status, error_body(turn.dialect, err))
         finally:
+            self.late.discard(writer)
             writer.disarm()
             if not failed and not memory.committed:
                 # The client left early (perhaps after the engine's last token, before our last
@@ -359,6 +361,7 @@ class K3:
                 self.config.small_model,
             )
             payload = build_payload(request, self.config, model)
+            encode_payload(payload, body)  # the tokenizer call must not be the first to find a bad value
         except Exception:  # counting never fails on an odd body: estimate from its size
             return await send_json(send, 200, orjson.dumps({"input_tokens": max(1, len(raw) // 4)}))
         count = await self.upstream.count_tokens(payload)

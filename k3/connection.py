@@ -7,7 +7,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 log = logging.getLogger("k3")
 
@@ -15,7 +15,7 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-WATCH_AFTER = 0.05  # seconds into a turn before a task starts watching for the client hanging up
+WATCH_AFTER = 0.05  # the LateStart tick: turns shorter than this never start their watchers
 
 _JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [
@@ -45,8 +45,9 @@ class ClientGone(Exception):
 
 class SSEWriter:
     """The single writer of one SSE response: commits the 200 once, then writes frames. A timer
-    (not a task: most turns never need it) writes a keep-alive frame after `interval` seconds
-    without output, committing the 200 first if no event came yet."""
+    (not a task; armed by `start`, which LateStart calls only for streams that outlive a tick)
+    writes a keep-alive frame after `interval` seconds without output, committing the 200 first
+    if no event came yet."""
 
     __slots__ = (
         "_send",
@@ -57,6 +58,7 @@ class SSEWriter:
         "_interval",
         "_timer",
         "_ping",
+        "_armed",
         "committed",
         "closed",
         "last",
@@ -73,21 +75,25 @@ class SSEWriter:
         self._interval = interval
         self._timer: asyncio.TimerHandle | None = None
         self._ping: asyncio.Future[None] | None = None
+        self._armed = True  # until disarm(): start() may still arm the timer
         self.committed = False
         self.closed = False
         self.last = time.monotonic()
 
-    async def _commit(self) -> None:
-        if not self.committed:
-            self.committed = True
-            await self._send({"type": "http.response.start", "status": 200, "headers": self._headers})
-            await self._send({"type": "http.response.body", "body": self._start, "more_body": True})
+    async def _commit(self, data: bytes) -> bytes:
+        """Send the 200 if not yet sent; -> the bytes to write next (the dialect's opening frames
+        go out with the first data, in one write, so the client wakes once for both)."""
+        if self.committed:
+            return data
+        self.committed = True
+        await self._send({"type": "http.response.start", "status": 200, "headers": self._headers})
+        return self._start + data
 
     async def write(self, data: bytes) -> None:
         async with self._lock:
             if self.closed:
                 return
-            await self._commit()
+            data = await self._commit(data)
             if data:
                 await self._send({"type": "http.response.body", "body": data, "more_body": True})
             self.last = time.monotonic()
@@ -97,13 +103,17 @@ class SSEWriter:
             if self.closed:
                 return
             self.closed = True
-            await self._commit()
+            data = await self._commit(data)
             await self._send({"type": "http.response.body", "body": data, "more_body": False})
 
-    def arm(self) -> None:
-        self._timer = asyncio.get_running_loop().call_later(self._interval, self._tick)
+    def start(self) -> None:
+        """Arm the keep-alive timer (LateStart calls this for streams that outlive a tick)."""
+        if self._armed:
+            idle = time.monotonic() - self.last
+            self._timer = asyncio.get_running_loop().call_later(max(0.0, self._interval - idle), self._tick)
 
     def disarm(self) -> None:
+        self._armed = False
         if self._timer is not None:
             self._timer.cancel()
         if self._ping is not None:
@@ -126,7 +136,7 @@ class SSEWriter:
 
 class Hangup:
     """Watches for the client hanging up and then cancels the turn's task (closing the upstream
-    request with it). Started by a timer, so turns shorter than WATCH_AFTER never pay for it."""
+    request with it). Started by the server's `LateStart`, so short turns never pay for it."""
 
     __slots__ = ("_task", "_receive", "_watcher", "finished", "hung_up")
 
@@ -138,7 +148,8 @@ class Hangup:
         self.hung_up = False
 
     def start(self) -> None:
-        self._watcher = asyncio.ensure_future(self._watch())
+        if not self.finished and self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._watch())
 
     async def _watch(self) -> None:
         while True:
@@ -153,3 +164,43 @@ class Hangup:
         self.finished = True
         if self._watcher is not None:
             self._watcher.cancel()
+
+
+class Startable(Protocol):
+    def start(self) -> None: ...
+
+
+class LateStart:
+    """Starts what only long turns need (the hang-up watch, the keep-alive timer) for the turns
+    that run past one tick: one timer for the whole server instead of a timer per turn, which
+    costs a short turn more than its translation. Every WATCH_AFTER seconds it starts whatever
+    was already waiting at the previous tick, so a start comes one to two periods in. The timer
+    runs only while something waits; waiting costs two set operations."""
+
+    __slots__ = ("_loop", "_timer", "_young", "_old")
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._young: set[Startable] = set()  # arrived since the last tick
+        self._old: set[Startable] = set()  # were waiting at the last tick
+
+    def add(self, item: Startable) -> None:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # a new event loop (tests): the old one's turns are gone
+            self._loop, self._timer = loop, None
+            self._young, self._old = set(), set()
+        self._young.add(item)
+        if self._timer is None:
+            self._timer = loop.call_later(WATCH_AFTER, self._tick)
+
+    def discard(self, item: Startable) -> None:
+        self._young.discard(item)
+        self._old.discard(item)
+
+    def _tick(self) -> None:
+        for item in self._old:
+            item.start()
+        self._old, self._young = self._young, set()
+        loop = self._loop
+        self._timer = loop.call_later(WATCH_AFTER, self._tick) if self._old and loop is not None else None

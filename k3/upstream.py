@@ -185,20 +185,28 @@ class Upstream:
         written to the client together."""
         decoder = SSEDecoder()
         reader = _ChunkReader()
+        # Closed here, not left to the garbage collector: an async generator abandoned at
+        # `[DONE]` is finalised by a task the loop schedules through its self-pipe.
+        pieces = aiter(response.stream)  # type: ignore[arg-type]
         try:
-            async for raw in response.stream:  # type: ignore[union-attr]
-                batch = reader.parse(decoder.feed(raw))
+            try:
+                async for raw in pieces:
+                    batch = reader.parse(decoder.feed(raw))
+                    if batch:
+                        yield batch
+                    if reader.error is not None:
+                        raise reader.error
+                    if reader.done:
+                        return
+                batch = reader.parse(decoder.finish())
                 if batch:
                     yield batch
                 if reader.error is not None:
                     raise reader.error
-                if reader.done:
-                    return
-            batch = reader.parse(decoder.finish())
-            if batch:
-                yield batch
-            if reader.error is not None:
-                raise reader.error
+            finally:
+                close = getattr(pieces, "aclose", None)
+                if close is not None:
+                    await close()
         except httpx.TransportError as exc:
             raise _transport_error(exc, self.chat_url) from exc
         if not (reader.done or reader.finished):

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from k3.config import Config
+from k3.dialects.common import out_of_range_int
+from k3.errors import bad_request
 from k3.ir import (
     CanonicalRequest,
     ImagePart,
@@ -170,3 +174,17 @@ def build_payload(
     for key, value in request.extra.items():
         payload.setdefault(key, value)
     return payload
+
+
+def encode_payload(payload: dict[str, Any], body: dict[str, Any] | None = None) -> bytes:
+    """The payload as JSON bytes. A value JSON cannot carry (an integer beyond 64 bits) is the
+    client's doing: a 400 naming the field, in the client's `body` when it is there."""
+    try:
+        return orjson.dumps(payload)
+    except TypeError as exc:
+        where = (out_of_range_int(body) if body is not None else None) or out_of_range_int(payload)
+        if where is None:
+            raise bad_request(f"the request cannot be forwarded as JSON: {exc}") from None
+        raise bad_request(
+            f"{where} is an integer outside the 64-bit range JSON engines accept", where
+        ) from None

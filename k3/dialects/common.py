@@ -41,6 +41,13 @@ def opt_str(value: Any, where: str) -> str | None:
     return None if value is None else as_str(value, where)
 
 
+# The largest count an engine takes (a signed 64-bit integer); JSON numbers like 1e20 are
+# integers to Python but fit no engine's int, and orjson cannot even encode them.
+INT_MAX = 2**63 - 1
+# The integers orjson can encode; anything forwarded verbatim must stay inside them.
+_JSON_INT_MIN, _JSON_INT_MAX = -(2**63), 2**64 - 1
+
+
 def opt_int(value: Any, where: str) -> int | None:
     if value is None:
         return None
@@ -50,6 +57,8 @@ def opt_int(value: Any, where: str) -> int | None:
         raise bad_request(f"{where} must be an integer", where)
     if value < 0:
         raise bad_request(f"{where} must not be negative", where)
+    if value > INT_MAX:
+        raise bad_request(f"{where} must be at most {INT_MAX}", where)
     return int(value)
 
 
@@ -82,6 +91,28 @@ def stop_list(value: Any, where: str) -> list[str]:
         return [value]
     items = as_list(value, where)
     return [as_str(s, f"{where}[{i}]") for i, s in enumerate(items)]
+
+
+def out_of_range_int(value: Any, where: str = "") -> str | None:
+    """The path (`tools[0].input_schema.maximum`) of the first integer JSON cannot carry, if any.
+
+    Only called after an encoding failed: bodies parsed by orjson never hold one, but integers
+    k3 derives, or bodies built in Python, may."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return None if _JSON_INT_MIN <= value <= _JSON_INT_MAX else (where or "(the body)")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = out_of_range_int(item, f"{where}.{key}" if where else str(key))
+            if found:
+                return found
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            found = out_of_range_int(item, f"{where}[{i}]")
+            if found:
+                return found
+    return None
 
 
 def json_text(value: Any) -> str:

@@ -47,7 +47,7 @@ from k3.ir import (
     ToolResultPart,
     Usage,
 )
-from k3.sse import named
+from k3.sse import typed
 from k3.tools.ids import from_responses_id, to_responses_id
 
 ID_PREFIX = "resp_"
@@ -412,7 +412,7 @@ class Stream:
         self._show = turn.show_reasoning
 
     def _frame(self, kind: str, data: dict[str, Any]) -> bytes:
-        frame = named(kind, {"type": kind, **data, "sequence_number": self._seq})
+        frame = typed(kind, data, self._seq)
         self._seq += 1
         return frame
 

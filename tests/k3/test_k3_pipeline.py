@@ -22,7 +22,7 @@ from k3.ir import (
     ToolCallStart,
 )
 from k3.pipeline import Collector, Translator, completion_to_chunk, make_text_parser
-from k3.sse import SSEDecoder
+from k3.sse import SSEDecoder, named, typed
 from k3.testing.fake_upstream import FakeUpstream, Reply, ToolCall
 from k3.tools import PARSER_NAMES, Reasoning, Text, ThinkSplitter
 from k3.tools import ToolCall as ParsedCall
@@ -312,6 +312,53 @@ def test_sse_decoder_is_split_invariant():
     decoder = SSEDecoder()
     assert decoder.feed(b"data: tail-without-blank-line") == []
     assert decoder.finish() == [b"tail-without-blank-line"]
+
+
+def _reference_sse(raw: bytes) -> list[bytes]:
+    """The SSE spec's data payloads of a whole body, line by line (the decoder's reference)."""
+    out, data = [], []
+    for line in (raw + b"\n\n").split(b"\n")[:-1]:
+        line = line.removesuffix(b"\r")
+        if not line:
+            if data:
+                out.append(b"\n".join(data))
+            data = []
+        elif line.startswith(b"data:"):
+            value = line[5:]
+            data.append(value[1:] if value.startswith(b" ") else value)
+    return out
+
+
+_SSE_PIECES = st.sampled_from(
+    [b"data: ", b"data:", b"data:  ", b": ping", b"event: x", b"id: 1", b"\n", b"\n\n", b"\r\n",
+     b'{"a":1}', b"[DONE]", b"x", b" ", b"\r"]
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_SSE_PIECES, max_size=30).map(b"".join), st.lists(st.integers(0, 200), max_size=6))
+def test_sse_decoder_matches_the_line_by_line_reference_under_any_split(raw, cuts):
+    cuts = sorted({c for c in cuts if 0 < c < len(raw)})
+    decoder = SSEDecoder()
+    out = []
+    for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True):
+        out += decoder.feed(raw[a:b])
+    assert out + decoder.finish() == _reference_sse(raw)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.sampled_from(["response.created", "response.output_text.delta", "error"]),
+    st.dictionaries(
+        st.text(max_size=8).filter(lambda k: k not in ("type", "sequence_number")),
+        st.none() | st.integers(-(2**63), 2**63 - 1) | st.text(max_size=8) | st.lists(st.booleans()),
+        min_size=1,
+        max_size=5,
+    ),
+    st.integers(0, 10**6),
+)
+def test_typed_frames_are_the_dict_built_frames_byte_for_byte(event, fields, n):
+    assert typed(event, fields, n) == named(event, {"type": event, **fields, "sequence_number": n})
 
 
 def check_contract(events):
