@@ -51,7 +51,7 @@ _MODEL_SOURCES = (
     "engine/quant/plan.py",
 )
 GGUF_TYPES = ("f16", "q4_0")
-INT4_PLAN = "default"  # group size 32, as Q4_0's blocks
+INT4 = make_plan("default", group_size=32)  # Q4_0's blocks are 32 weights too
 # Which engine model each GGUF type is measured against.
 COUNTERPART = {"f16": "dense", "q4_0": "int4"}
 
@@ -59,7 +59,7 @@ COUNTERPART = {"f16": "dense", "q4_0": "int4"}
 @dataclass(frozen=True)
 class Models:
     checkpoint: Path
-    artifact: Path  # the checkpoint quantised by the project's INT4 plan INT4_PLAN
+    artifact: Path  # the checkpoint quantised by the project with the plan INT4
     gguf: dict[str, Path]  # "f16" / "q4_0" -> file
     tensor_types: dict[str, dict[str, int]]  # GGUF type -> tensor count per ggml type
 
@@ -78,7 +78,7 @@ def prepare_models(preset_name: str, seed: int, root: Path = MODELS) -> Models:
     manifest = folder / "models.json"
     models = Models(
         folder / "checkpoint",
-        folder / f"int4-{INT4_PLAN}",
+        folder / f"int4-{INT4.name}-g{INT4.group_size}",
         {t: folder / f"model-{t}.gguf" for t in GGUF_TYPES},
         {},
     )
@@ -92,7 +92,7 @@ def prepare_models(preset_name: str, seed: int, root: Path = MODELS) -> Models:
     write_synthetic_checkpoint(
         preset(preset_name), models.checkpoint, seed=seed, preset_name=preset_name, progress=True
     )
-    build_artifact(models.checkpoint, models.artifact, make_plan(INT4_PLAN))
+    build_artifact(models.checkpoint, models.artifact, INT4)
     export_gguf(models.checkpoint, models.gguf["f16"], dtype="f16", progress=True)
     types = {"q4_0": gguf_requantize.requantize_q4_0(models.gguf["f16"], models.gguf["q4_0"])}
     types["f16"] = gguf_requantize.tensor_types(models.gguf["f16"])
@@ -203,19 +203,22 @@ SERVER_METHOD = (
 
 
 def _engine_label(kind: str, dtype: str) -> str:
-    return f"{dtype} dense" if kind == "dense" else f"INT4 {INT4_PLAN} g32, {dtype} activations"
-
-
-def _engine_notes(kind: str, device: str) -> str:
-    notes = "synthetic weights; " + (
-        "dense checkpoint"
-        if kind == "dense"
-        else f"INT4 artifact (plan {INT4_PLAN}) of the same checkpoint, packed weights through the kernel registry"
+    return (
+        f"{dtype} dense" if kind == "dense" else f"INT4 {INT4.name} g{INT4.group_size}, {dtype} activations"
     )
-    if kind == "int4" and not device.startswith("cuda"):
+
+
+def _engine_notes(kind: str, variants: dict[str, str]) -> str:
+    if kind == "dense":
+        return "synthetic weights; dense checkpoint"
+    notes = (
+        f"synthetic weights; INT4 artifact (plan {INT4.name}, group {INT4.group_size}) of the same checkpoint, "
+        "packed weights through the kernel registry"
+    )
+    if set(variants.values()) == {"reference"}:
         notes += (
-            "; on the CPU the registry binds the reference kernels (dequantise then matmul in plain PyTorch), "
-            "not an optimised CPU INT4 path"
+            "; every kernel bound is the reference (the CPU default: dequantise, then a plain PyTorch "
+            "matmul), not an optimised INT4 path"
         )
     return notes
 
@@ -228,7 +231,7 @@ def _llama_notes(gguf_type: str, kind: str, dtype: str) -> str:
     if gguf_type == "q4_0":
         notes += (
             "; Q4_0 differs from our INT4 codec: FP16 scale = extreme/-8 with codes -8..7 (ours: BF16 "
-            "absmax/7, -7..7), group 32 for both, 8-bit activations in llama.cpp's CPU matmuls (ours 16/32-bit); "
+            f"absmax/7, -7..7), group 32 for both, 8-bit activations in llama.cpp's CPU matmuls (ours {dtype}); "
             "Q4_0 covers attention projections, dense MLP and experts, our plan also the MLA kv_b projection"
         )
     return notes
@@ -308,11 +311,11 @@ def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device
             if kind == COUNTERPART[step]:
                 run = engine_runs(models.engine_weights(kind), prompt=prompt_len, gen=gen, repeats=repeats,
                                   device=device, dtype=dtype, seed=seed)  # fmt: skip
-                name = f"engine.{label}.{dtype}" + ("" if kind == "dense" else f".int4-{INT4_PLAN}")
+                name = f"engine.{label}.{dtype}" + ("" if kind == "dense" else f".int4-{INT4.name}")
                 engines[kind] = (name, run)
                 config = common | {
                     "engine": run.method, "dtype": dtype, "device": device, "weights_format": kind,
-                    "quant": None if kind == "dense" else make_plan(INT4_PLAN).to_json(),
+                    "quant": None if kind == "dense" else INT4.to_json(),
                     "kernel_variants": run.kernel_variants, "counterpart_gguf_type": step,
                 }  # fmt: skip
                 receipt = {
@@ -320,7 +323,7 @@ def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device
                     "config": config,
                     "samples": run.samples,
                     "derived": {},
-                    "notes": _engine_notes(kind, device),
+                    "notes": _engine_notes(kind, run.kernel_variants),
                 }
             else:
                 engine_name, run = engines[COUNTERPART[step]]
