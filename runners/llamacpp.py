@@ -303,12 +303,14 @@ def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device
     }  # fmt: skip
     command = [sys.executable, "-m", "runners", *sys.argv[1:]]
 
-    steps = [(kind, t) for t in chosen for kind in (COUNTERPART[t], t)]  # each engine run before its rival
+    # Each GGUF type right after the engine run it is compared with.
+    steps = [(tool, t) for t in chosen for tool in ("engine", "llama.cpp")]
     written, engines = [], {}
-    show = lambda s: s and (f"llama.cpp {s[1]}" if s[0] == s[1] else f"engine {s[0]}")
+    show = lambda s: s and (f"engine {COUNTERPART[s[1]]}" if s[0] == "engine" else f"llama.cpp {s[1]}")
     with click.progressbar(steps, label="llama.cpp head to head", item_show_func=show) as bar:
-        for kind, step in bar:
-            if kind == COUNTERPART[step]:
+        for tool, gguf_type in bar:
+            kind = COUNTERPART[gguf_type]
+            if tool == "engine":
                 run = engine_runs(models.engine_weights(kind), prompt=prompt_len, gen=gen, repeats=repeats,
                                   device=device, dtype=dtype, seed=seed)  # fmt: skip
                 name = f"engine.{label}.{dtype}" + ("" if kind == "dense" else f".int4-{INT4.name}")
@@ -316,7 +318,7 @@ def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device
                 config = common | {
                     "engine": run.method, "dtype": dtype, "device": device, "weights_format": kind,
                     "quant": None if kind == "dense" else INT4.to_json(),
-                    "kernel_variants": run.kernel_variants, "counterpart_gguf_type": step,
+                    "kernel_variants": run.kernel_variants, "counterpart_gguf_type": gguf_type,
                 }  # fmt: skip
                 receipt = {
                     "name": name,
@@ -326,27 +328,28 @@ def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device
                     "notes": _engine_notes(kind, run.kernel_variants),
                 }
             else:
-                engine_name, run = engines[COUNTERPART[step]]
-                bench = llama_bench(tools, models.gguf[step], prompt=prompt_len, gen=gen, threads=threads,
+                engine_name, run = engines[kind]
+                gguf_file = models.gguf[gguf_type]
+                bench = llama_bench(tools, gguf_file, prompt=prompt_len, gen=gen, threads=threads,
                                     repeats=repeats, gpu_layers=gpu_layers)  # fmt: skip
-                served = server_runs(tools, models.gguf[step], prompt_ids, gen=gen, threads=threads,
+                served = server_runs(tools, gguf_file, prompt_ids, gen=gen, threads=threads,
                                      repeats=repeats, gpu_layers=gpu_layers)  # fmt: skip
                 samples = {"pp_tok_s": bench["pp_tok_s"], "tg_tok_s": bench["tg_tok_s"], **served}
                 config = common | {
-                    "gguf_type": step, "gguf_bytes": models.gguf[step].stat().st_size,
-                    "gguf_tensor_types": models.tensor_types[step], "llama_cpp": tools.version(),
+                    "gguf_type": gguf_type, "gguf_bytes": gguf_file.stat().st_size,
+                    "gguf_tensor_types": models.tensor_types[gguf_type], "llama_cpp": tools.version(),
                     "llama_cpp_build": "cuda" if tools.cuda else "cpu", "n_gpu_layers": gpu_layers,
                     "kv_cache_type": "f16 (llama.cpp default)", "llama_bench": BENCH_METHOD,
                     "llama_server": SERVER_METHOD,
-                    "engine": {"label": _engine_label(kind, dtype), "weights_format": COUNTERPART[step],
-                               "dtype": dtype, "device": device, "receipt_name": engine_name},
+                    "engine": {"label": _engine_label(kind, dtype), "weights_format": kind, "dtype": dtype,
+                               "device": device, "receipt_name": engine_name},
                 }  # fmt: skip
                 receipt = {
-                    "name": f"llama.cpp.{label}.{step}",
+                    "name": f"llama.cpp.{label}.{gguf_type}",
                     "config": config,
                     "samples": samples,
                     "derived": ratios(run.samples, samples),
-                    "notes": _llama_notes(step, COUNTERPART[step], dtype),
+                    "notes": _llama_notes(gguf_type, kind, dtype),
                 }
             units = {k: UNITS[k] for k in receipt["samples"]} | {
                 k: "tok/s" if k.endswith("tok_s") else "ratio" for k in receipt["derived"]
