@@ -312,7 +312,7 @@ def llamacpp_vs_engine(frame: pd.DataFrame) -> dict | None:
         cfg, med = receipt["config"], {k: v["median"] for k, v in receipt["summary"].items()}
         key = f"{cfg['model']} p{cfg['prompt_tokens']} n{cfg['generated_tokens']} t{cfg['threads']} · {row.hardware_id}"
         group = groups.setdefault(key, {"label": key, "bars": {}})
-        engine = f"engine {cfg['engine']['dtype']}"
+        engine = f"engine {cfg['engine'].get('label', cfg['engine']['dtype'])}"  # dense / INT4 counterpart
         group["bars"][engine] = {
             "decode_tok_s": receipt["derived"]["engine_decode_tok_s"],
             "prefill_tok_s": receipt["derived"]["engine_prefill_tok_s"],

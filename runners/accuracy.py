@@ -18,7 +18,7 @@ import click
 import torch
 
 from engine.model import Checkpoint, KimiLinearForCausalLM, Tokenizer, load_model, preset, sample
-from engine.quant import PLANS, REFERENCE_CONFIG, make_plan
+from engine.quant import PLANS, make_plan
 from engine.quant.plan import PlanError
 from harness.receipt import RESULTS_DIR, write_receipt
 from runners.decode import DTYPES
@@ -267,7 +267,7 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
                 reference, ref_greedy = run, greedy
                 continue
             samples, derived = compare(reference, run, ref_greedy, greedy)
-            bytes_full = stored_bytes_by_class(REFERENCE_CONFIG, plan)
+            bytes_full = stored_bytes_by_class(preset("full"), plan)
             derived |= {f"full_weight_bytes_{k}": v for k, v in bytes_full.items()}
             notes = [
                 "synthetic weights (random values, not a trained model)"
@@ -297,7 +297,7 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
                         "greedy_tokens": greedy_tokens_n,
                         "seed": seed,
                         "router_layers": sorted(reference.expert_sets),
-                        "full_config": "Kimi-Linear-48B-A3B (engine.quant.REFERENCE_CONFIG) for full_weight_bytes_*",
+                        "full_config": "Kimi-Linear-48B-A3B (engine.model.preset('full')) for full_weight_bytes_*",
                     },
                     samples=samples,
                     units={k: UNITS[k] for k in samples}

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.model import Checkpoint, KimiLinearForCausalLM
+from engine.model import Checkpoint, KimiLinearConfig, KimiLinearForCausalLM
 from engine.model.checkpoint_spec import TensorSpec, checkpoint_tensors
 from engine.model.loading import parameter_for
-from engine.quant import KimiDims, Plan, dequantize, quantize
-from engine.quant import checkpoint_tensors as layout_tensors
+from engine.quant import Plan, dequantize, quantize
 from engine.quant.budget import stored_nbytes
 from engine.synth import synthetic_tensor
 
@@ -91,11 +90,11 @@ class PlanApplier:
         return counts
 
 
-def stored_bytes_by_class(config: dict, plan: Plan) -> dict[str, int]:
-    """Bytes each tensor class occupies once stored under `plan`, for an HF config dict."""
+def stored_bytes_by_class(config: KimiLinearConfig, plan: Plan) -> dict[str, int]:
+    """Bytes each tensor class of the configuration's checkpoint occupies once stored under `plan`."""
     out: dict[str, int] = {}
-    for name, spec in layout_tensors(KimiDims.from_config(config)).items():
-        decision = plan.decide(name, spec.shape)
+    for spec in checkpoint_tensors(config):
+        decision = plan.decide(spec.name, spec.shape)
         out[decision.tensor_class] = out.get(decision.tensor_class, 0) + stored_nbytes(
             spec, decision.precision, plan
         )

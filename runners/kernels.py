@@ -28,7 +28,6 @@ from engine.kernels.cases import CASES
 from engine.kernels.equivalence import check_all
 from engine.kernels.triton_gemv import triton_unavailable
 from engine.model import preset
-from engine.quant import REFERENCE_CONFIG
 from harness.receipt import RESULTS_DIR, write_receipt
 from runners import gpu_check
 from runners.bandwidth import copy_bandwidth_gbs
@@ -82,8 +81,7 @@ def measure_cpu(
     if reason is not None:
         raise click.ClickException(f"cannot run the Triton variants on the CPU: {reason}")
     torch.set_num_threads(threads)
-    config = preset(preset_name).to_hf_dict()
-    checks, timed = gpu_check.plan(config, group, tuple(batches), ops, references=True)
+    checks, timed = gpu_check.plan(preset(preset_name), group, tuple(batches), ops, references=True)
     click.echo(f"equivalence at {sum(map(len, checks.values()))} shapes (interpreted Triton) ...", err=True)
     outcome = {(r.op, r.variant, r.shape["name"]): r for r in check_all(checks, device="cpu")}
     failed = [r for r in outcome.values() if not r.passed]
@@ -199,10 +197,8 @@ def kernels_command(
         )
     command = [sys.executable, "-m", "runners", *sys.argv[1:]]
     if device == "cuda":
-        name = preset_name or "full"
-        config = REFERENCE_CONFIG if name == "full" else preset(name).to_hf_dict()
         code = gpu_check.run(
-            results, config=config, group=group_size, batches=tuple(_ints(batches or "1,8")), ops=op_list,
+            results, config=preset(preset_name or "full"), group=group_size, batches=tuple(_ints(batches or "1,8")), ops=op_list,
             references=True, command=command,
         )  # fmt: skip
         if code:

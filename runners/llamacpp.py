@@ -1,13 +1,15 @@
 """`python -m runners llamacpp`: our engine against llama.cpp on the same model and machine, in one run.
 
 The same synthetic weights are written as a checkpoint (`engine.synth`), exported with the project's
-GGUF exporter in F16 and re-quantised to Q4_0 (runners/gguf_requantize.py); files are cached under
-`.cache/llamacpp-models/` and rebuilt when the exporter or the weights change. llama.cpp's own
+GGUF exporter in F16 and re-quantised to Q4_0 (runners/gguf_requantize.py), and quantised by the project
+into an INT4 artifact (`engine.quant.build_artifact`, plan `default`); files are cached under
+`.cache/llamacpp-models/` and rebuilt when the code that writes them changes. llama.cpp's own
 `llama-bench` and `llama-server` (runners/llamacpp_tools.py: built from the llama-cpp-python sdist, with
-CUDA on a GPU machine) time prefill and decode of each file; our engine runs the same checkpoint through
-the decode runner's `measure()`. Same prompt length, generated tokens and thread count for all. Receipts:
-one for the engine, one per GGUF type with llama-bench and llama-server samples and the engine/llama.cpp
-ratios. Method: docs/METHODS.md.
+CUDA on a GPU machine) time prefill and decode of each GGUF file; our engine runs its counterpart through
+the serving runtime and the decode runner's `measure()`: the dense checkpoint against F16, the INT4
+artifact against Q4_0. Same prompt length, generated tokens and thread count for all. Receipts: one per
+engine run, one per GGUF type with llama-bench and llama-server samples and the engine/llama.cpp ratios
+against its counterpart. Method: docs/METHODS.md.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ import click
 import torch
 
 from engine.gguf_export import export_gguf
-from engine.model import load_model, preset
+from engine.model import preset
+from engine.quant import build_artifact, make_plan
+from engine.runtime import Engine
 from engine.synth import write_synthetic_checkpoint
 from harness.hardware import REPO_ROOT
 from harness.receipt import RESULTS_DIR, write_receipt
@@ -42,28 +46,45 @@ _MODEL_SOURCES = (
     "engine/gguf_export.py",
     "engine/model/checkpoint_spec.py",
     "runners/gguf_requantize.py",
+    "engine/quant/build.py",
+    "engine/quant/codec.py",
+    "engine/quant/plan.py",
 )
 GGUF_TYPES = ("f16", "q4_0")
+INT4 = make_plan("default", group_size=32)  # Q4_0's blocks are 32 weights too
+# Which engine model each GGUF type is measured against.
+COUNTERPART = {"f16": "dense", "q4_0": "int4"}
 
 
 @dataclass(frozen=True)
 class Models:
     checkpoint: Path
+    artifact: Path  # the checkpoint quantised by the project with the plan INT4
     gguf: dict[str, Path]  # "f16" / "q4_0" -> file
     tensor_types: dict[str, dict[str, int]]  # GGUF type -> tensor count per ggml type
 
+    def engine_weights(self, kind: str) -> Path:
+        return self.checkpoint if kind == "dense" else self.artifact
+
 
 def prepare_models(preset_name: str, seed: int, root: Path = MODELS) -> Models:
-    """The checkpoint and both GGUF files for (preset, seed), built once and reused while unchanged."""
+    """The checkpoint, its INT4 artifact and both GGUF files for (preset, seed), built once and reused
+    while unchanged."""
     stamp = hashlib.sha256(
         json.dumps([preset_name, seed]).encode()
         + b"".join((REPO_ROOT / s).read_bytes() for s in _MODEL_SOURCES)
     ).hexdigest()
     folder = root / f"synthetic-{preset_name}-seed{seed}"
     manifest = folder / "models.json"
-    models = Models(folder / "checkpoint", {t: folder / f"model-{t}.gguf" for t in GGUF_TYPES}, {})
+    models = Models(
+        folder / "checkpoint",
+        folder / f"int4-{INT4.name}-g{INT4.group_size}",
+        {t: folder / f"model-{t}.gguf" for t in GGUF_TYPES},
+        {},
+    )
     if manifest.exists() and json.loads(manifest.read_text()).get("stamp") == stamp:
-        return Models(models.checkpoint, models.gguf, json.loads(manifest.read_text())["tensor_types"])
+        types = json.loads(manifest.read_text())["tensor_types"]
+        return Models(models.checkpoint, models.artifact, models.gguf, types)
     shutil.rmtree(folder, ignore_errors=True)
     click.echo(
         f"writing synthetic-{preset_name} (seed {seed}) and its GGUF files into {folder} ...", err=True
@@ -71,11 +92,12 @@ def prepare_models(preset_name: str, seed: int, root: Path = MODELS) -> Models:
     write_synthetic_checkpoint(
         preset(preset_name), models.checkpoint, seed=seed, preset_name=preset_name, progress=True
     )
+    build_artifact(models.checkpoint, models.artifact, INT4)
     export_gguf(models.checkpoint, models.gguf["f16"], dtype="f16", progress=True)
     types = {"q4_0": gguf_requantize.requantize_q4_0(models.gguf["f16"], models.gguf["q4_0"])}
     types["f16"] = gguf_requantize.tensor_types(models.gguf["f16"])
     manifest.write_text(json.dumps({"stamp": stamp, "tensor_types": types}, indent=1))
-    return Models(models.checkpoint, models.gguf, types)
+    return Models(models.checkpoint, models.artifact, models.gguf, types)
 
 
 def llama_bench(
@@ -122,17 +144,27 @@ def server_runs(
     return samples
 
 
+@dataclass(frozen=True)
+class EngineRun:
+    samples: dict[str, list[float]]
+    method: str
+    kernel_variants: dict[str, str]  # op -> variant bound ({} for the dense model)
+
+
 def engine_runs(
-    checkpoint: Path, *, prompt: int, gen: int, repeats: int, device: str, dtype: str, seed: int
-) -> dict:
-    """The decode runner's measurement on the same checkpoint: one untimed warm-up, then `repeats`."""
-    model = load_model(checkpoint, device=device, dtype=DTYPES[dtype])
-    measure(model, prompt, 1, min(gen, 4), device, seed)
-    samples: dict[str, list[float]] = {}
-    for r in range(repeats):
-        for key, values in measure(model, prompt, 1, gen, device, seed + r).items():
-            samples.setdefault(key, []).extend(values)
-    return samples
+    weights: Path, *, prompt: int, gen: int, repeats: int, device: str, dtype: str, seed: int
+) -> EngineRun:
+    """The decode runner's measurement through the serving runtime on `weights` (a checkpoint or an INT4
+    artifact): one untimed warm-up repeat, then `repeats` (runners.decode.measure)."""
+    engine = Engine.load(
+        weights=weights, device=device, dtype=DTYPES[dtype], max_context=prompt + gen, prefix_cache_gib=0
+    )
+    try:
+        samples = measure(engine, prompt, 1, gen, repeats=repeats, seed=seed)
+        graphs = engine.pool.graphs_for(1)
+        return EngineRun(samples, _engine_method(graphs), engine.kernel_variants)
+    finally:
+        engine.close()
 
 
 UNITS = {
@@ -142,7 +174,7 @@ UNITS = {
 }  # fmt: skip
 
 
-def ratios(engine: dict, llama: dict) -> dict[str, float]:
+def ratios(engine: dict[str, list[float]], llama: dict[str, list[float]]) -> dict[str, float]:
     """Engine tokens/s over llama.cpp tokens/s (medians): above 1, the engine is faster."""
     med = {k: statistics.median(v) for k, v in (engine | llama).items()}
     return {
@@ -155,7 +187,14 @@ def ratios(engine: dict, llama: dict) -> dict[str, float]:
     }
 
 
-ENGINE_METHOD = "local-kimi eager decode_step, greedy argmax (runners.decode.measure) on the same checkpoint"
+def _engine_method(graphs: bool) -> str:
+    step = "one CUDA-graph replay per token" if graphs else "eager static-buffer decode_step"
+    return (
+        f"engine.runtime.Engine (chunked prefill, {step}, prefix cache off), greedy, timed per token on the "
+        "host (runners.decode.measure)"
+    )
+
+
 BENCH_METHOD = "prefill: -p PROMPT -n 0; decode: -p 0 -n GEN -d PROMPT; tokens/s of every repeat"
 SERVER_METHOD = (
     "/completion with the token-id prompt, temperature 0, ignore_eos, cache_prompt false; "
@@ -163,15 +202,37 @@ SERVER_METHOD = (
 )
 
 
-def _llama_notes(gguf_type: str, dtype: str) -> str:
+def _engine_label(kind: str, dtype: str) -> str:
+    return (
+        f"{dtype} dense" if kind == "dense" else f"INT4 {INT4.name} g{INT4.group_size}, {dtype} activations"
+    )
+
+
+def _engine_notes(kind: str, variants: dict[str, str]) -> str:
+    if kind == "dense":
+        return "synthetic weights; dense checkpoint"
     notes = (
-        f"synthetic weights; llama.cpp {gguf_type.upper()} GGUF against our engine's {dtype} dense model "
-        "(no INT4 model path yet); ratios = engine / llama.cpp tokens/s"
+        f"synthetic weights; INT4 artifact (plan {INT4.name}, group {INT4.group_size}) of the same checkpoint, "
+        "packed weights through the kernel registry"
+    )
+    if set(variants.values()) == {"reference"}:
+        notes += (
+            "; every kernel bound is the reference (the CPU default: dequantise, then a plain PyTorch "
+            "matmul), not an optimised INT4 path"
+        )
+    return notes
+
+
+def _llama_notes(gguf_type: str, kind: str, dtype: str) -> str:
+    notes = (
+        f"synthetic weights; llama.cpp {gguf_type.upper()} GGUF against our engine's "
+        f"{_engine_label(kind, dtype)} model; ratios = engine / llama.cpp tokens/s"
     )
     if gguf_type == "q4_0":
         notes += (
             "; Q4_0 differs from our INT4 codec: FP16 scale = extreme/-8 with codes -8..7 (ours: BF16 "
-            "absmax/7, -7..7), group fixed at 32, 8-bit activations in llama.cpp's CPU matmuls"
+            f"absmax/7, -7..7), group 32 for both, 8-bit activations in llama.cpp's CPU matmuls (ours {dtype}); "
+            "Q4_0 covers attention projections, dense MLP and experts, our plan also the MLA kv_b projection"
         )
     return notes
 
@@ -242,42 +303,53 @@ def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device
     }  # fmt: skip
     command = [sys.executable, "-m", "runners", *sys.argv[1:]]
 
-    engine_name = f"engine.{label}.{dtype}"
-    written = []
-    with click.progressbar(
-        ["engine", *chosen], label="llama.cpp head to head", item_show_func=lambda s: s
-    ) as bar:
-        for step in bar:
-            if step == "engine":
-                engine = engine_runs(models.checkpoint, prompt=prompt_len, gen=gen, repeats=repeats,
-                                     device=device, dtype=dtype, seed=seed)  # fmt: skip
+    # Each GGUF type right after the engine run it is compared with.
+    steps = [(tool, t) for t in chosen for tool in ("engine", "llama.cpp")]
+    written, engines = [], {}
+    show = lambda s: s and (f"engine {COUNTERPART[s[1]]}" if s[0] == "engine" else f"llama.cpp {s[1]}")
+    with click.progressbar(steps, label="llama.cpp head to head", item_show_func=show) as bar:
+        for tool, gguf_type in bar:
+            kind = COUNTERPART[gguf_type]
+            if tool == "engine":
+                run = engine_runs(models.engine_weights(kind), prompt=prompt_len, gen=gen, repeats=repeats,
+                                  device=device, dtype=dtype, seed=seed)  # fmt: skip
+                name = f"engine.{label}.{dtype}" + ("" if kind == "dense" else f".int4-{INT4.name}")
+                engines[kind] = (name, run)
+                config = common | {
+                    "engine": run.method, "dtype": dtype, "device": device, "weights_format": kind,
+                    "quant": None if kind == "dense" else INT4.to_json(),
+                    "kernel_variants": run.kernel_variants, "counterpart_gguf_type": gguf_type,
+                }  # fmt: skip
                 receipt = {
-                    "name": engine_name,
-                    "config": common | {"engine": ENGINE_METHOD, "dtype": dtype, "device": device},
-                    "samples": engine,
+                    "name": name,
+                    "config": config,
+                    "samples": run.samples,
                     "derived": {},
-                    "notes": "synthetic weights; dense model (the engine has no INT4 model path yet)",
+                    "notes": _engine_notes(kind, run.kernel_variants),
                 }
             else:
-                bench = llama_bench(tools, models.gguf[step], prompt=prompt_len, gen=gen, threads=threads,
+                engine_name, run = engines[kind]
+                gguf_file = models.gguf[gguf_type]
+                bench = llama_bench(tools, gguf_file, prompt=prompt_len, gen=gen, threads=threads,
                                     repeats=repeats, gpu_layers=gpu_layers)  # fmt: skip
-                served = server_runs(tools, models.gguf[step], prompt_ids, gen=gen, threads=threads,
+                served = server_runs(tools, gguf_file, prompt_ids, gen=gen, threads=threads,
                                      repeats=repeats, gpu_layers=gpu_layers)  # fmt: skip
                 samples = {"pp_tok_s": bench["pp_tok_s"], "tg_tok_s": bench["tg_tok_s"], **served}
                 config = common | {
-                    "gguf_type": step, "gguf_bytes": models.gguf[step].stat().st_size,
-                    "gguf_tensor_types": models.tensor_types[step], "llama_cpp": tools.version(),
+                    "gguf_type": gguf_type, "gguf_bytes": gguf_file.stat().st_size,
+                    "gguf_tensor_types": models.tensor_types[gguf_type], "llama_cpp": tools.version(),
                     "llama_cpp_build": "cuda" if tools.cuda else "cpu", "n_gpu_layers": gpu_layers,
                     "kv_cache_type": "f16 (llama.cpp default)", "llama_bench": BENCH_METHOD,
                     "llama_server": SERVER_METHOD,
-                    "engine": {"dtype": dtype, "device": device, "receipt_name": engine_name},
+                    "engine": {"label": _engine_label(kind, dtype), "weights_format": kind, "dtype": dtype,
+                               "device": device, "receipt_name": engine_name},
                 }  # fmt: skip
                 receipt = {
-                    "name": f"llama.cpp.{label}.{step}",
+                    "name": f"llama.cpp.{label}.{gguf_type}",
                     "config": config,
                     "samples": samples,
-                    "derived": ratios(engine, samples),
-                    "notes": _llama_notes(step, dtype),
+                    "derived": ratios(run.samples, samples),
+                    "notes": _llama_notes(gguf_type, kind, dtype),
                 }
             units = {k: UNITS[k] for k in receipt["samples"]} | {
                 k: "tok/s" if k.endswith("tok_s") else "ratio" for k in receipt["derived"]

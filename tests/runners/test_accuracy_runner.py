@@ -5,7 +5,7 @@ from click.testing import CliRunner
 from engine.model import KimiLinearForCausalLM, preset
 from engine.model.checkpoint_spec import checkpoint_tensors
 from engine.model.loading import parameter_for
-from engine.quant import REFERENCE_CONFIG, dequantize, make_plan, quantize
+from engine.quant import dequantize, make_plan, quantize
 from harness import figures
 from harness.receipt import load_receipt, receipt_paths
 from runners.accuracy import compare
@@ -78,8 +78,8 @@ def test_metric_helpers_on_hand_made_inputs():
 
 def test_stored_bytes_for_the_real_model_match_the_pinned_plan_total():
     # docs/INT4.md: `default` at G = 32 stores 28,803,304,448 tensor bytes for the real checkpoint.
-    assert sum(stored_bytes_by_class(REFERENCE_CONFIG, make_plan("default")).values()) == 28_803_304_448
-    head = {name: stored_bytes_by_class(REFERENCE_CONFIG, make_plan(name))["lm_head"] for name in ("default", "int8-head", "int4-head")}  # fmt: skip
+    assert sum(stored_bytes_by_class(preset("full"), make_plan("default")).values()) == 28_803_304_448
+    head = {name: stored_bytes_by_class(preset("full"), make_plan(name))["lm_head"] for name in ("default", "int8-head", "int4-head")}  # fmt: skip
     assert head["default"] > head["int8-head"] > head["int4-head"]
 
 

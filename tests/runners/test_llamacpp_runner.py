@@ -1,25 +1,54 @@
+import json
+
 import gguf
 import numpy as np
 import psutil
 import pytest
 from click.testing import CliRunner
 
-from engine.gguf_export import export_gguf
-from engine.model import preset
-from engine.synth import write_synthetic_checkpoint
+from harness import figures
 from harness.receipt import load_receipt, receipt_paths
 from runners.cli import main
 from runners.gguf_requantize import QUANTISED, requantize_q4_0, tensor_types
+from runners.llamacpp import INT4, engine_runs, prepare_models
 from runners.llamacpp_tools import build_dir
 
 TOOLS = build_dir() / "bin"
 
 
 @pytest.fixture(scope="module")
-def f16_gguf(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gguf")
-    write_synthetic_checkpoint(preset("tiny"), root / "ckpt", seed=5, preset_name="tiny")
-    return export_gguf(root / "ckpt", root / "f16.gguf", dtype="f16")
+def models(tmp_path_factory):
+    return prepare_models("tiny", 5, tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="module")
+def f16_gguf(models):
+    return models.gguf["f16"]
+
+
+def test_the_models_are_built_once_and_the_int4_artifact_quantises_the_same_checkpoint(models):
+    manifest = json.loads((models.artifact / "manifest.json").read_text())
+    assert manifest["plan"] == INT4.to_json() and INT4.name == "default" and INT4.group_size == 32
+    assert manifest["source"]["path"] == str(models.checkpoint)
+    stamp = (models.artifact / "manifest.json").stat().st_mtime_ns
+    assert prepare_models("tiny", 5, models.checkpoint.parent.parent) == models
+    assert (models.artifact / "manifest.json").stat().st_mtime_ns == stamp  # reused, not rebuilt
+    assert models.tensor_types["q4_0"]["Q4_0"] > 0 and "Q4_0" not in models.tensor_types["f16"]
+
+
+def test_the_engine_runs_the_checkpoint_and_its_int4_artifact_through_the_runtime(models):
+    runs = {
+        kind: engine_runs(
+            models.engine_weights(kind), prompt=6, gen=3, repeats=2, device="cpu", dtype="fp32", seed=1
+        )  # fmt: skip
+        for kind in ("dense", "int4")
+    }
+    assert runs["dense"].kernel_variants == {}
+    assert runs["int4"].kernel_variants and set(runs["int4"].kernel_variants.values()) == {"reference"}
+    for run in runs.values():
+        assert len(run.samples["decode_ms"]) == 2 * 3 and len(run.samples["decode_tok_s"]) == 2
+        assert min(run.samples["decode_ms"]) > 0 and min(run.samples["prefill_tok_s"]) > 0
+        assert "eager static-buffer decode_step" in run.method
 
 
 def test_q4_0_copy_quantises_the_plan_tensors_within_one_step_and_copies_the_rest(f16_gguf, tmp_path):
@@ -63,13 +92,21 @@ def test_head_to_head_on_tiny_writes_engine_and_llama_receipts_and_stops_the_ser
     assert not [p for p in psutil.Process().children(recursive=True) if "llama-server" in p.name()]
     receipts = {r["name"]: r for r in (load_receipt(p) for p in receipt_paths(tmp_path / "results"))}
     label = "synthetic-tiny.p8.n4.t1"
-    assert set(receipts) == {f"engine.{label}.fp32", f"llama.cpp.{label}.f16", f"llama.cpp.{label}.q4_0"}
-    engine = receipts[f"engine.{label}.fp32"]
-    assert len(engine["samples"]["decode_ms"]) == 4 and "synthetic weights" in engine["notes"]
+    engines = {"f16": f"engine.{label}.fp32", "q4_0": f"engine.{label}.fp32.int4-default"}
+    assert set(receipts) == {*engines.values(), f"llama.cpp.{label}.f16", f"llama.cpp.{label}.q4_0"}
+    dense, int4 = receipts[engines["f16"]], receipts[engines["q4_0"]]
+    assert dense["config"]["kernel_variants"] == {} and dense["config"]["quant"] is None
+    assert int4["config"]["quant"]["name"] == "default" and int4["config"]["quant"]["group_size"] == 32
+    assert set(int4["config"]["kernel_variants"].values()) == {"reference"}  # the CPU binds the references
+    assert "every kernel bound is the reference" in int4["notes"]
+    for engine in (dense, int4):
+        assert len(engine["samples"]["decode_ms"]) == 4 and "synthetic weights" in engine["notes"]
+        assert "engine.runtime.Engine" in engine["config"]["engine"]
     for kind in ("f16", "q4_0"):
-        r = receipts[f"llama.cpp.{label}.{kind}"]
+        r, engine = receipts[f"llama.cpp.{label}.{kind}"], receipts[engines[kind]]
         cfg, d = r["config"], r["derived"]
         assert cfg["gguf_type"] == kind and cfg["threads"] == 1 and cfg["n_gpu_layers"] == 0
+        assert cfg["engine"]["receipt_name"] == engine["name"]
         assert "0c1e570" in cfg["llama_cpp"]
         for metric in ("pp_tok_s", "tg_tok_s", "server_prompt_tok_s", "server_decode_tok_s"):
             assert len(r["samples"][metric]) == 1 and r["samples"][metric][0] > 0
@@ -79,3 +116,7 @@ def test_head_to_head_on_tiny_writes_engine_and_llama_receipts_and_stops_the_ser
             == d["engine_decode_tok_s"] / r["summary"]["tg_tok_s"]["median"]
         )
     assert "Q4_0 differs" in receipts[f"llama.cpp.{label}.q4_0"]["notes"]
+    bars = figures.build_all(tmp_path / "results")["llamacpp_vs_engine"]["series"][0]["bars"]
+    assert {b["name"] for b in bars if b["name"].startswith("engine")} == {
+        "engine fp32 dense", "engine INT4 default g32, fp32 activations"
+    }  # fmt: skip
