@@ -264,7 +264,7 @@ GATED = ("asgi.anthropic.json", "asgi.anthropic.stream", "asgi.responses.stream"
     show_default=True,
     help="Where the committed baseline receipts are.",
 )
-def proxy_gate_command(max_regression, iterations, results) -> None:  # fmt: skip
+def proxy_gate_command(max_regression, max_regression_sockets, iterations, results) -> None:  # fmt: skip
     """CI gate: measure k3's added latency briefly and fail if it regressed against the committed receipts."""
     from harness.cli import regression_pct
     from harness.hardware import describe
@@ -289,10 +289,13 @@ def proxy_gate_command(max_regression, iterations, results) -> None:  # fmt: ski
     failed = []
     for name, base in baselines.items():
         old, new = base["derived"]["added_median_us"], fresh[name]["derived"]["added_median_us"]
+        allowed = max_regression_sockets if name.startswith("sockets.") else max_regression
         ratio, regression = regression_pct(old, new, higher_is_better=False)
-        verdict = "REGRESSED" if regression > max_regression else "ok"
-        click.echo(f"{name}: baseline {old:.1f} µs, now {new:.1f} µs, ratio {ratio:.2f} — {verdict}")
-        if regression > max_regression:
+        verdict = "REGRESSED" if regression > allowed else "ok"
+        click.echo(
+            f"{name}: baseline {old:.1f} µs, now {new:.1f} µs, ratio {ratio:.2f}, allowed +{allowed:g}% — {verdict}"
+        )
+        if regression > allowed:
             failed.append(name)
     if failed:
-        raise click.ClickException(f"proxy overhead regressed beyond {max_regression}%: {', '.join(failed)}")
+        raise click.ClickException(f"proxy overhead regressed beyond its allowance: {', '.join(failed)}")
