@@ -356,10 +356,45 @@ def draw_llamacpp(data: dict) -> plt.Figure:
     return fig
 
 
+def decode_time_split(frame: pd.DataFrame) -> dict | None:
+    """Median milliseconds per decode step spent in each model component, per profile receipt."""
+    rows = newest(frame)
+    rows = rows[rows["suite"] == "profile"]
+    bars = [
+        {
+            "label": f"{row.name}\n{row.hardware_id}",
+            "parts": {k: v["median"] for k, v in row.receipt["summary"].items()},
+            "receipt": row.path,
+        }
+        for row in rows.itertuples()
+    ]
+    return {"title": "Where a decode step's time goes (median ms per step)", "bars": bars} if bars else None
+
+
+def draw_time_split(data: dict) -> plt.Figure:
+    bars = data["bars"]
+    components = list(dict.fromkeys(k for b in bars for k in b["parts"]))
+    fig, ax = plt.subplots(figsize=(8.4, 1.8 + 0.6 * len(bars)))
+    y = list(range(len(bars)))
+    left = [0.0] * len(bars)
+    for i, component in enumerate(components):
+        widths = [b["parts"].get(component, 0.0) for b in bars]
+        ax.barh(y, widths, left=left, color=f"C{i % 10}", label=component)
+        left = [a + w for a, w in zip(left, widths, strict=True)]
+    ax.set_yticks(y, [b["label"] for b in bars], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per decode step")
+    ax.set_title(data["title"])
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return fig
+
+
 FIGURES: list[Figure] = [
     Figure("harness_selfcheck", suite_medians("harness", "encode_us"), draw_bars),
     Figure("decode_throughput", decode_throughput, draw_decode),
     Figure("memory_headroom", memory_headroom, draw_headroom),
+    Figure("decode_time_split", decode_time_split, draw_time_split),
     Figure("proxy_overhead", suite_medians("proxy", "added_ms"), draw_bars),
     Figure("kernel_bandwidth", kernel_bandwidth, draw_kernel_bandwidth),
     Figure("plan_weight_bytes", plan_weight_bytes, draw_plan_weight_bytes),

@@ -35,3 +35,7 @@ main.add_command(kernels_command)
 from runners.llamacpp import llamacpp_command  # noqa: E402
 
 main.add_command(llamacpp_command)
+
+from runners.profile import profile_command  # noqa: E402
+
+main.add_command(profile_command)

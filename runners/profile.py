@@ -1,0 +1,150 @@
+"""`python -m runners profile`: where a decode step's time goes, by model component.
+
+Eager decode steps (no CUDA graph: a graph hides its parts) on a prefilled prompt, with timing hooks on
+each component module: KDA attention, MLA attention, the MoE router, the routed experts, the shared expert,
+the dense MLP and the LM head; `other` is the rest of the step (embedding, norms, residuals, sampling).
+On a GPU each hook synchronises the device, which slows the step: the split, not the total, is the point.
+One receipt per run, one sample per step and component. Method: docs/METHODS.md.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+import torch
+
+from engine.runtime import Engine
+from harness.receipt import RESULTS_DIR, write_receipt
+from runners.decode import DTYPES
+from runners.regenerate import regenerate
+
+COMPONENTS = ("kda_attention", "mla_attention", "moe_router", "moe_experts", "shared_expert", "dense_mlp",
+              "lm_head", "other")  # fmt: skip
+
+
+def component_modules(model) -> dict[torch.nn.Module, str]:
+    """Each timed module and the component it belongs to (children of the MoE block, not the block)."""
+    parts: dict[torch.nn.Module, str] = {model.lm_head: "lm_head"}
+    for layer in model.model.layers:
+        parts[layer.self_attn] = "mla_attention" if layer.is_mla else "kda_attention"
+        moe = getattr(layer, "block_sparse_moe", None)
+        if moe is None:
+            parts[layer.mlp] = "dense_mlp"
+            continue
+        parts[moe.gate] = "moe_router"
+        parts[moe.experts] = "moe_experts"
+        if moe.shared_experts is not None:
+            parts[moe.shared_experts] = "shared_expert"
+    return parts
+
+
+@torch.inference_mode()
+def profile_steps(engine: Engine, context: int, steps: int, seed: int) -> dict[str, list[float]]:
+    """Milliseconds per component for each of `steps` eager decode steps after a `context`-token prompt."""
+    model, device = engine.model, engine.device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    spent = dict.fromkeys(COMPONENTS, 0.0)
+
+    def timed(method, component):
+        def call(*args, **kwargs):
+            sync()
+            start = time.perf_counter()
+            out = method(*args, **kwargs)
+            sync()
+            spent[component] += time.perf_counter() - start
+            return out
+
+        return call
+
+    # Wrap each component's entry points on the instance (MLA decode enters through `decode`, not `forward`).
+    wrapped = [
+        (m, name) for m in component_modules(model) for name in ("forward", "decode") if hasattr(m, name)
+    ]
+    parts = component_modules(model)
+    for module, name in wrapped:
+        setattr(module, name, timed(getattr(module, name), parts[module]))
+    generator = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.config.vocab_size, (1, context), generator=generator).to(device)
+    cache = model.new_cache(context + steps + 1)
+    samples: dict[str, list[float]] = {c: [] for c in COMPONENTS}
+    try:
+        token = model.prefill(prompt, cache).argmax(-1)
+        for step in range(steps + 1):
+            spent.update(dict.fromkeys(COMPONENTS, 0.0))
+            sync()
+            begin = time.perf_counter()
+            token = model.decode_step(token, cache).argmax(-1)
+            sync()
+            total = time.perf_counter() - begin
+            if step == 0:
+                continue  # warm-up step: first-call costs
+            spent["other"] = total - sum(v for k, v in spent.items() if k != "other")
+            for component in COMPONENTS:
+                samples[component].append(spent[component] * 1e3)
+    finally:
+        for module, name in wrapped:
+            delattr(module, name)
+    return {k: v for k, v in samples.items() if any(v)}
+
+
+@click.command("profile")
+@click.option(
+    "--synthetic",
+    type=click.Choice(["tiny", "small", "full"]),
+    default=None,
+    help="Synthetic model. Default: small on the CPU, full on a GPU.",
+)
+@click.option("--device", default=None, help="cpu or cuda[:N]. Default: cuda when available.")
+@click.option(
+    "--dtype",
+    type=click.Choice(sorted(DTYPES)),
+    default=None,
+    help="Default: bf16 on a GPU, fp32 on the CPU.",
+)
+@click.option(
+    "--quant",
+    default=None,
+    help="Quantisation plan (e.g. default). Default: none on the CPU, default on a GPU.",
+)
+@click.option("--context", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--steps", type=click.IntRange(1), default=16, show_default=True, help="Profiled decode steps.")
+@click.option(
+    "--threads", type=click.IntRange(1), default=1, show_default=True, help="CPU threads for torch."
+)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
+@click.option("--no-regenerate", is_flag=True, help="Write the receipt only; skip RESULTS.md and figures.")
+def profile_command(synthetic, device, dtype, quant, context, steps, threads, seed, results, no_regenerate):  # fmt: skip
+    """Split of a decode step's time by model component, as a receipt (the decode time split figure)."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    on_gpu = device.startswith("cuda")
+    synthetic = synthetic or ("full" if on_gpu else "small")
+    dtype = dtype or ("bf16" if on_gpu else "fp32")
+    quant = quant if quant is not None else ("default" if on_gpu else None)
+    if not on_gpu:
+        torch.set_num_threads(threads)
+    click.echo(
+        f"building synthetic '{synthetic}' ({dtype}, quant {quant or 'none'}) on {device} ...", err=True
+    )
+    engine = Engine.load(synthetic=synthetic, seed=seed, quant=quant, device=device, dtype=DTYPES[dtype],
+                         max_context=context + steps + 1, cuda_graphs=False, prefix_cache_gib=0)  # fmt: skip
+    try:
+        samples = profile_steps(engine, context, steps, seed)
+    finally:
+        engine.close()
+    path = write_receipt(
+        "profile",
+        f"synthetic-{synthetic}.{dtype}{'.plan-' + quant if quant else ''}.ctx{context}",
+        config={"model": f"synthetic-{synthetic}", "weights": "synthetic weights", "dtype": dtype,
+                "quant": quant, "device": device, "threads": torch.get_num_threads(), "context": context,
+                "steps": steps, "seed": seed, "method": "eager decode_step with timing hooks per component"},
+        samples=samples,
+        units=dict.fromkeys(samples, "ms/step"),
+        notes="synthetic weights; hooks synchronise the device, so the split matters, not the total",
+        results_dir=results,
+    )  # fmt: skip
+    click.echo(f"wrote {path}")
+    if not no_regenerate:
+        regenerate(results)
