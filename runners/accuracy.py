@@ -21,7 +21,7 @@ from engine.model import Checkpoint, KimiLinearForCausalLM, Tokenizer, load_mode
 from engine.quant import PLANS, make_plan
 from engine.quant.plan import PlanError
 from harness.receipt import RESULTS_DIR, write_receipt
-from runners.decode import DTYPES
+from runners.decode import DTYPES, positive_ints
 from runners.dequantized import (
     PlanApplier,
     checkpoint_source,
@@ -125,15 +125,6 @@ UNITS = {
 }
 
 
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(
-            f"expected comma-separated whole numbers, got {text!r}", param_hint=what
-        ) from None
-
-
 def _plans(names: str, groups: list[int]) -> list:
     chosen = [n.strip() for n in names.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in PLANS]
@@ -221,7 +212,7 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
                      greedy_tokens_n, device, dtype, threads, seed, results, no_regenerate) -> None:  # fmt: skip
     """Quantised against unquantised model: KL, top-1, perplexity, greedy identity, router agreement."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    candidates = _plans(plans, _ints(groups, "--groups"))
+    candidates = _plans(plans, positive_ints(groups))
     if prompts > sequences or prompt_len >= seq_len:
         raise click.BadParameter(
             f"greedy prompts are prefixes of the evaluation sequences: need --prompts <= --sequences "

@@ -102,7 +102,8 @@ UNITS = {
 }
 
 
-def _ints(text: str) -> list[int]:
+def positive_ints(text: str) -> list[int]:
+    """A click option's comma-separated positive whole numbers, or a clear BadParameter."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -206,8 +207,8 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
         synthetic = synthetic or ("full" if on_gpu else "small")
         quant = quant or ("default" if on_gpu else NO_QUANT)
     dtype_name = dtype or ("bf16" if on_gpu else "fp32")
-    context_list = _ints(contexts or ("17,1024,8192,32768" if on_gpu else "17,256,1024"))
-    batch_list = _ints(batches)
+    context_list = positive_ints(contexts or ("17,1024,8192,32768" if on_gpu else "17,256,1024"))
+    batch_list = positive_ints(batches)
     gen_tokens = gen_tokens or (64 if on_gpu else 32)
     cap = memory_cap_gib if memory_cap_gib is not None else (32.0 if on_gpu else 16.0)
     quantised = quant not in (None, NO_QUANT) or (weights is not None and (weights / MANIFEST_NAME).is_file())

@@ -31,6 +31,7 @@ from engine.model import preset
 from harness.receipt import RESULTS_DIR, write_receipt
 from runners import gpu_check
 from runners.bandwidth import copy_bandwidth_gbs
+from runners.decode import positive_ints
 from runners.regenerate import regenerate
 
 MIN_SAMPLE_S = 0.02  # a sample times enough calls to last this long (timer resolution, loop overhead)
@@ -144,16 +145,6 @@ def measure_cpu(
     return len(failed)
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated whole numbers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise click.BadParameter(f"expected positive whole numbers, got {text!r}")
-    return values
-
-
 @click.command("kernels")
 @click.option(
     "--preset",
@@ -198,14 +189,14 @@ def kernels_command(
     command = [sys.executable, "-m", "runners", *sys.argv[1:]]
     if device == "cuda":
         code = gpu_check.run(
-            results, config=preset(preset_name or "full"), group=group_size, batches=tuple(_ints(batches or "1,8")), ops=op_list,
+            results, config=preset(preset_name or "full"), group=group_size, batches=tuple(positive_ints(batches or "1,8")), ops=op_list,
             references=True, command=command,
         )  # fmt: skip
         if code:
             raise click.ClickException("gpu_check failed (see above)")
     else:
         spec = {
-            "preset_name": preset_name or "tiny", "group": group_size, "batches": _ints(batches or "1"),
+            "preset_name": preset_name or "tiny", "group": group_size, "batches": positive_ints(batches or "1"),
             "ops": op_list, "repeats": repeats, "threads": threads, "copy_mib": copy_mib, "results": str(results),
             "command": command,
         }  # fmt: skip
