@@ -252,9 +252,17 @@ GATED = ("asgi.anthropic.json", "asgi.anthropic.stream", "asgi.responses.stream"
 @click.option(
     "--max-regression",
     type=float,
-    default=100.0,
+    default=50.0,
     show_default=True,
-    help="Allowed growth of the median added latency, in percent (see docs/METHODS.md for why).",
+    help="Allowed growth of the in-process (asgi) median added latency, in percent (docs/METHODS.md).",
+)
+@click.option(
+    "--max-regression-sockets",
+    type=float,
+    default=300.0,
+    show_default=True,
+    help="Allowed growth of the loopback-socket median added latency, in percent: scheduling noise on a "
+    "loaded 2-core machine moves it far more than the in-process figure.",
 )
 @click.option("--iterations", type=click.IntRange(2), default=300, show_default=True)
 @click.option(

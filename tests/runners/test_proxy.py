@@ -29,3 +29,24 @@ def test_proxy_runner_writes_receipts_for_every_mode(tmp_path):
 def test_unknown_mode_is_refused(tmp_path):
     result = CliRunner().invoke(main, ["proxy", "--modes", "asgi,carrier-pigeon", "--results", str(tmp_path)])
     assert result.exit_code == 2 and "carrier-pigeon" in result.output
+
+
+def test_proxy_gate_compares_with_committed_receipts(tmp_path):
+    runner = CliRunner()
+    args = ["--iterations", "4", "--results", str(tmp_path)]
+    quiet = runner.invoke(main, ["proxy-gate", *args])
+    assert quiet.exit_code == 0 and "nothing to compare against" in quiet.output
+    baseline = runner.invoke(
+        main, ["proxy", "--modes", "asgi,sockets", "--warmup", "1", "--no-regenerate", *args]
+    )
+    assert baseline.exit_code == 0, baseline.output
+    generous = runner.invoke(
+        main, ["proxy-gate", *args, "--max-regression", "1e6", "--max-regression-sockets", "1e6"]
+    )
+    assert generous.exit_code == 0, generous.output
+    assert generous.output.count("— ok") == 4
+    # An allowance below -100% makes any measurement a regression: the gate must be able to fail.
+    strict = runner.invoke(
+        main, ["proxy-gate", *args, "--max-regression", "-101", "--max-regression-sockets", "-101"]
+    )
+    assert strict.exit_code != 0 and "REGRESSED" in strict.output
