@@ -252,7 +252,7 @@ GATED = ("asgi.anthropic.json", "asgi.anthropic.stream", "asgi.responses.stream"
 @click.option(
     "--max-regression",
     type=float,
-    default=50.0,
+    default=75.0,
     show_default=True,
     help="Allowed growth of the in-process (asgi) median added latency, in percent (docs/METHODS.md).",
 )
