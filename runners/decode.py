@@ -23,10 +23,10 @@ import click
 import torch
 
 from engine.kernels import DEFAULT_SELECTION, KernelSelectionError, KernelUnavailable, named_choices, resolve
-from engine.model import CheckpointError, ConfigError, SamplingParams, SequenceCache
-from engine.quant import PLANS, ArtifactError
+from engine.model import SamplingParams, SequenceCache
+from engine.quant import PLANS
 from engine.quant.manifest import MANIFEST_NAME
-from engine.runtime import Engine, MemoryPlanError, ModelSourceError
+from engine.runtime import LOAD_ERRORS, Engine
 from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
 from harness.caps import MemoryCap
 from harness.receipt import RESULTS_DIR, write_receipt
@@ -236,14 +236,7 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
             prefix_cache_gib=0,  # every repeat must prefill its prompt
             progress=True,
         )
-    except (
-        MemoryPlanError,
-        ModelSourceError,
-        CheckpointError,
-        ConfigError,
-        ArtifactError,
-        KernelUnavailable,
-    ) as e:
+    except LOAD_ERRORS as e:
         raise click.ClickException(str(e)) from None
     try:
         written = _measure_all(engine, label, dtype_name, selections, context_list, batch_list, gen_tokens,

@@ -1,13 +1,14 @@
 """The runtime around the model: memory plan and cap, sized caches, chunked prefill, CUDA-graph decode,
 prefix state cache, and the executor thread that interleaves requests. See docs/RUNTIME.md."""
 
-from engine.runtime.engine import Engine, EngineBusy, Sequence, prepare_for_inference
+from engine.runtime.engine import LOAD_ERRORS, Engine, EngineBusy, Sequence, prepare_for_inference
 from engine.runtime.loader import ModelSource, ModelSourceError, open_model_source
 from engine.runtime.memory import MemoryPlan, MemoryPlanError, plan_memory
 from engine.runtime.sampling import Sampler
 from engine.runtime.scheduler import Failed, Finished, Handle, QueueFull, Request, Scheduler, Started, Token
 
 __all__ = [
+    "LOAD_ERRORS",
     "Engine",
     "EngineBusy",
     "Failed",

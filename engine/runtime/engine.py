@@ -20,17 +20,35 @@ from pathlib import Path
 import psutil
 import torch
 
-from engine.model import KimiLinearForCausalLM, SamplingParams, Tokenizer
+from engine.kernels import KernelUnavailable
+from engine.model import CheckpointError, ConfigError, KimiLinearForCausalLM, SamplingParams, Tokenizer
 from engine.model.mla import MultiheadLatentAttention
-from engine.quant import kernel_variants, use_kernels
+from engine.quant import ArtifactError, kernel_variants, use_kernels
 from engine.runtime.cache_pool import CachePool, Lease
 from engine.runtime.kda_kernels import select_kda_kernel, use_kda_kernel
-from engine.runtime.loader import ModelSource, open_model_source
-from engine.runtime.memory import GIB, MemoryPlan, dequantize_workspace_bytes, module_bytes, plan_memory
+from engine.runtime.loader import ModelSource, ModelSourceError, open_model_source
+from engine.runtime.memory import (
+    GIB,
+    MemoryPlan,
+    MemoryPlanError,
+    dequantize_workspace_bytes,
+    module_bytes,
+    plan_memory,
+)
 from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.sampling import Sampler
 from engine.runtime.state import restore_snapshot, transfer
 from harness.caps import MemoryCap
+
+# Everything `Engine.load` raises for weights, plans or settings it cannot serve: a CLI shows the message.
+LOAD_ERRORS = (
+    MemoryPlanError,
+    ModelSourceError,
+    CheckpointError,
+    ConfigError,
+    ArtifactError,
+    KernelUnavailable,
+)
 
 FIRST_CACHE_EXTRA_TOKENS = 512  # a new sequence's first cache holds the prompt plus this much output
 DEFAULT_PREFILL_CHUNK = 2048

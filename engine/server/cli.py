@@ -170,10 +170,8 @@ def serve_command(
     import torch
     import uvicorn
 
-    from engine.kernels import KernelSelectionError, KernelUnavailable, named_choices
-    from engine.model import CheckpointError, ConfigError
-    from engine.quant import ArtifactError
-    from engine.runtime import Engine, MemoryPlanError, ModelSourceError, Scheduler
+    from engine.kernels import KernelSelectionError, named_choices
+    from engine.runtime import LOAD_ERRORS, Engine, Scheduler
     from engine.server.app import ServerContext, create_app
     from engine.server.chat_template import SYNTHETIC_CHAT_TEMPLATE, ChatTemplate
     from engine.server.scripted import ScriptedReplies, ScriptError
@@ -213,15 +211,7 @@ def serve_command(
             prefix_cache_gib=prefix_cache_gib,
             progress=True,
         )
-    except (
-        MemoryPlanError,
-        ModelSourceError,
-        CheckpointError,
-        ConfigError,
-        ArtifactError,
-        KernelUnavailable,
-        ValueError,
-    ) as e:
+    except LOAD_ERRORS + (ValueError,) as e:
         raise click.ClickException(str(e)) from None
     try:
         template_source = engine.source.chat_template()
