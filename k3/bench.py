@@ -7,9 +7,14 @@ For each (dialect, stream) pair the same turn is timed two ways in the same run,
 * proxied: the dialect's own request, posted to k3, which translates it, calls the same fake
   engine once, and translates the answer back.
 
-Both go through httpx over in-process ASGI transports (no sockets), and both read the whole
-response body. The added latency of a request is proxied minus direct. Warm-up requests check
-that the proxied answer really is in the client's dialect, so the timing measures translation.
+* floor: the engine request's bytes posted to `NullProxy`, which forwards them unchanged through
+  the same kind of httpx transport k3 uses and returns the engine's bytes unchanged.
+
+All go through httpx over in-process ASGI transports (no sockets), and all read the whole
+response body. The added latency of a request is proxied minus direct; floor minus direct is
+what the extra in-process hop alone costs any proxy built on httpx, so proxied minus floor is
+k3's own work. Warm-up requests check that the proxied answer really is in the client's
+dialect, so the timing measures translation.
 """
 
 from __future__ import annotations
@@ -38,6 +43,36 @@ class Samples:
     stream: bool
     direct_s: list[float]  # seconds per request, straight to the engine
     proxied_s: list[float]  # seconds per request, through k3 (same index = same iteration)
+    floor_s: list[float]  # seconds per request, through NullProxy
+
+
+class NullProxy:
+    """The least an in-process proxy on httpx can do: read the body, make one upstream request
+    through the transport with a prepared request (as k3 does), and send the engine's status,
+    content type and bytes back untouched. No parsing, no translation."""
+
+    def __init__(self, transport: httpx.AsyncBaseTransport, url: str):
+        self._transport = transport
+        self._url = httpx.URL(url)
+        self._host = [(b"Host", self._url.netloc), (b"content-type", b"application/json")]
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        headers = [*self._host, (b"Content-Length", str(len(body)).encode())]
+        request = httpx.Request("POST", self._url, headers=headers, stream=httpx.ByteStream(body))
+        response = await self._transport.handle_async_request(request)
+        try:
+            content = b"".join([piece async for piece in response.stream])  # type: ignore[union-attr]
+        finally:
+            await response.aclose()
+        kind = response.headers.get("content-type", "application/json").encode()
+        headers = [(b"content-type", kind), (b"content-length", str(len(content)).encode())]
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
 
 
 def client_request(dialect: str, stream: bool) -> dict[str, Any]:
@@ -93,8 +128,10 @@ async def measure_async(
 ) -> list[Samples]:
     fake = FakeUpstream()
     app = create_app(Config(upstream="http://fake/v1"), upstream_transport=httpx.ASGITransport(fake))
+    null = NullProxy(httpx.ASGITransport(fake), "http://fake/v1/chat/completions")
     direct = httpx.AsyncClient(transport=httpx.ASGITransport(fake), base_url="http://fake")
     proxied = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://k3")
+    floor = httpx.AsyncClient(transport=httpx.ASGITransport(null), base_url="http://null")
     results = []
     try:
         for dialect in dialects:
@@ -103,23 +140,25 @@ async def measure_async(
                 response = await proxied.post(ROUTES[dialect], content=client_body)
                 _check_translated(dialect, stream, response)
                 engine_body = orjson.dumps(fake.requests[-1])  # exactly what k3 sent upstream
+                paths = [
+                    (direct, "/v1/chat/completions", engine_body, []),
+                    (proxied, ROUTES[dialect], client_body, []),
+                    (floor, "/", engine_body, []),
+                ]
                 for _ in range(warmup):
-                    await _timed(proxied, ROUTES[dialect], client_body)
-                    await _timed(direct, "/v1/chat/completions", engine_body)
+                    for client, path, body, _samples in paths:
+                        await _timed(client, path, body)
                 gc.collect()
-                direct_s, proxied_s = [], []
                 for i in range(iterations):
-                    if i % 2:
-                        proxied_s.append(await _timed(proxied, ROUTES[dialect], client_body))
-                        direct_s.append(await _timed(direct, "/v1/chat/completions", engine_body))
-                    else:
-                        direct_s.append(await _timed(direct, "/v1/chat/completions", engine_body))
-                        proxied_s.append(await _timed(proxied, ROUTES[dialect], client_body))
-                fake.requests.clear()
-                results.append(Samples(dialect, stream, direct_s, proxied_s))
+                    # Rotate the order every iteration so drift and cache effects hit all paths alike.
+                    for client, path, body, samples in paths[i % 3 :] + paths[: i % 3]:
+                        samples.append(await _timed(client, path, body))
+                    fake.requests.clear()
+                results.append(Samples(dialect, stream, paths[0][3], paths[1][3], paths[2][3]))
     finally:
         await direct.aclose()
         await proxied.aclose()
+        await floor.aclose()
         await app.state.k3.upstream.aclose()
     return results
 

@@ -180,7 +180,8 @@ async def _concurrent(k3_base: str, streams: int, rounds: int) -> list[float]:
     return rates[1:]  # the first round warms connections up
 
 
-UNITS = {"direct_ms": "ms", "proxied_ms": "ms", "added_ms": "ms", "events": "events", "rss_mib": "MiB",
+UNITS = {"direct_ms": "ms", "proxied_ms": "ms", "added_ms": "ms", "floor_ms": "ms", "hop_added_ms": "ms",
+         "own_ms": "ms", "hop_added_median_us": "µs", "own_median_us": "µs", "events": "events", "rss_mib": "MiB",
          "events_per_s": "events/s", "added_us_per_event": "µs", "added_median_us": "µs"}  # fmt: skip
 
 
@@ -222,13 +223,20 @@ def proxy_command(iterations, warmup, streams, modes, results, no_regenerate) ->
         click.echo("in-process ASGI ...", err=True)
         for s in measure_asgi(iterations=iterations, warmup=warmup):
             added = [(p - d) * 1e3 for p, d in zip(s.proxied_s, s.direct_s, strict=True)]
+            hop = [(f - d) * 1e3 for f, d in zip(s.floor_s, s.direct_s, strict=True)]
+            own = [(p - f) * 1e3 for p, f in zip(s.proxied_s, s.floor_s, strict=True)]
             receipt(
                 f"asgi.{s.dialect}.{'stream' if s.stream else 'json'}",
                 {"direct_ms": [d * 1e3 for d in s.direct_s], "proxied_ms": [p * 1e3 for p in s.proxied_s],
-                 "added_ms": added},
-                {"added_median_us": statistics.median(added) * 1e3},
+                 "floor_ms": [f * 1e3 for f in s.floor_s], "added_ms": added, "hop_added_ms": hop,
+                 "own_ms": own},
+                {"added_median_us": statistics.median(added) * 1e3,
+                 "hop_added_median_us": statistics.median(hop) * 1e3,
+                 "own_median_us": statistics.median(own) * 1e3},
                 {"mode": "asgi", "dialect": s.dialect, "stream": s.stream},
-                "in-process ASGI transports, no sockets; added = proxied − direct per interleaved pair",
+                "in-process ASGI transports, no sockets; added = proxied − direct, hop_added = null proxy − "
+                "direct (the extra in-process httpx hop alone), own = proxied − null proxy, per interleaved "
+                "triple",
             )  # fmt: skip
     if wanted & {"sockets", "concurrency"}:
         engine_cmd = [sys.executable, "-m", "runners.engine_process"]
