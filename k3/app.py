@@ -309,15 +309,19 @@ class K3:
             try:
                 async with self.upstream.stream(payload) as chunks:
                     self.late.add(writer)
+                    last: list[Event] = []
                     async for batch in chunks:
                         events = [e for chunk in batch for e in translator.feed(chunk)]
+                        if chunks.done:  # the engine's last read: it goes out with the closing frames
+                            last = events
+                            break
                         if events:
                             keep(events)
                             await writer.write(b"".join([feed(e) for e in events]))
-                    events = translator.finish()
-                    keep(events)
+                    last += translator.finish()
+                    keep(last)
                     self._record(turn, memory, seen, translator)  # before the client's last bytes
-                    await writer.close(b"".join([feed(e) for e in events]))
+                    await writer.close(b"".join([feed(e) for e in last]))
             except (ProxyError, asyncio.CancelledError):
                 raise
             except Exception as exc:

@@ -7,7 +7,7 @@ through with its own status and message.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -91,6 +91,25 @@ class _ChunkReader:
         return batch
 
 
+class Chunks:
+    """The engine's chunk objects in batches, one per network read: what arrived together is
+    translated and written together. `done` turns true as the batch that carried the engine's
+    `[DONE]` is handed out, so the caller knows that batch is the last one."""
+
+    __slots__ = ("_batches", "_reader")
+
+    def __init__(self, batches: AsyncGenerator[list[dict[str, Any]], None], reader: _ChunkReader):
+        self._batches = batches
+        self._reader = reader
+
+    def __aiter__(self) -> AsyncGenerator[list[dict[str, Any]], None]:
+        return self._batches
+
+    @property
+    def done(self) -> bool:
+        return self._reader.done
+
+
 class Upstream:
     """One pooled `httpx.AsyncClient`. Chat completions, the hot path, go straight to the client's
     transport (its connection pool) with a prepared request, and read the raw body stream: the
@@ -153,9 +172,9 @@ class Upstream:
         return completion
 
     @asynccontextmanager
-    async def stream(self, body: bytes) -> AsyncIterator[AsyncIterator[list[dict[str, Any]]]]:
-        """Streaming chat completion: yields an iterator of chunk batches. Status errors raise here,
-        before any chunk, so the caller can still answer with a plain JSON error."""
+    async def stream(self, body: bytes) -> AsyncIterator[Chunks]:
+        """Streaming chat completion: yields the chunk batches. Status errors raise here, before
+        any chunk, so the caller can still answer with a plain JSON error."""
         try:
             response = await self.transport.handle_async_request(self._chat_request(body))
         except httpx.TransportError as exc:
@@ -172,19 +191,19 @@ class Upstream:
                     pass  # the status is the message; a cut error body does not change it
                 message = upstream_message(response.status_code, raw)
                 raise ProxyError(response.status_code, message, code="upstream_error")
-            chunks = self._batches(response)
+            reader = _ChunkReader()
+            batches = self._batches(response, reader)
             try:
-                yield chunks
+                yield Chunks(batches, reader)
             finally:
-                await chunks.aclose()
+                await batches.aclose()
         finally:
             await response.aclose()
 
-    async def _batches(self, response: httpx.Response) -> AsyncIterator[list[dict[str, Any]]]:
-        """Chunk objects, batched per network read: what arrived together is translated and
-        written to the client together."""
+    async def _batches(
+        self, response: httpx.Response, reader: _ChunkReader
+    ) -> AsyncGenerator[list[dict[str, Any]], None]:
         decoder = SSEDecoder()
-        reader = _ChunkReader()
         # Closed here, not left to the garbage collector: an async generator abandoned at
         # `[DONE]` is finalised by a task the loop schedules through its self-pipe.
         pieces = aiter(response.stream)  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from k3_helpers import anthropic_stream, chat_stream, responses_stream, sse_fram
 
 from k3.app import create_app
 from k3.config import Config
+from k3.testing.asgi import StreamingASGITransport
 from k3.testing.fake_upstream import FakeUpstream, Reply, ToolCall
 
 ANTHROPIC = {"model": "claude-sonnet-4-6", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}
@@ -275,6 +276,47 @@ async def test_streams_commit_only_after_the_first_event(client, fake, dialect):
     response = await client.post(ROUTES[dialect], json=body_for(dialect, True))
     assert response.headers["content-type"].startswith("text/event-stream")
     assert response.headers["x-k3-preset"] == ("anthropic" if dialect == "anthropic" else "openai")
+
+
+async def _sent_bodies(app, dialect: str) -> list[dict]:
+    """The http.response.body messages k3 sends for one streamed turn, straight over ASGI."""
+    sent: list[dict] = []
+    body = orjson.dumps(body_for(dialect, True))
+    messages = iter([{"type": "http.request", "body": body, "more_body": False}])
+
+    async def receive():
+        return next(messages, {"type": "http.disconnect"})
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": ROUTES[dialect], "headers": [], "query_string": b""}
+    await app(scope, receive, send)
+    return [m for m in sent if m["type"] == "http.response.body"]
+
+
+def _streamed_text(dialect: str, bodies: list[dict]) -> str:
+    final = judge(dialect, b"".join(m["body"] for m in bodies).decode())
+    if dialect == "anthropic":
+        return "".join(block.text for block in final.content if block.type == "text")
+    return final.choices[0].message.content if dialect == "chat" else final.output_text
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_the_engines_last_read_goes_out_with_the_closing_frames(fake, dialect):
+    app = create_app(Config(upstream="http://fake/v1"), upstream_transport=httpx.ASGITransport(fake))
+    # httpx's ASGI transport hands k3 the whole engine body in one read: one write, which closes.
+    fake.push(Reply(content="hello there, general", reasoning="hmm"))
+    bodies = await _sent_bodies(app, dialect)
+    assert [m["more_body"] for m in bodies] == [False]
+    assert _streamed_text(dialect, bodies) == "hello there, general"
+    # Read by read (the engine waits between chunks), the reply streams out before the close.
+    app = create_app(Config(upstream="http://fake/v1"), upstream_transport=StreamingASGITransport(fake))
+    fake.push(Reply(content="hello there, general", delay=0.001))
+    bodies = await _sent_bodies(app, dialect)
+    assert len(bodies) > 2 and bodies[-1]["more_body"] is False
+    assert all(m["more_body"] for m in bodies[:-1])
+    assert _streamed_text(dialect, bodies) == "hello there, general"
 
 
 # ---------------------------------------------------------------------------------------------
