@@ -18,6 +18,7 @@ nox.options.reuse_venv = "yes"
 nox.options.sessions = ["tests"]
 
 PYTHON = "3.11"
+LITELLM = "litellm[proxy]==1.108.7"  # the peer proxy `bench-proxy-peers` measures k3 against
 ISSUES = {"runners": "issue #8 (runners)"}
 
 
@@ -84,6 +85,14 @@ def bench_proxy(session: nox.Session) -> None:
     """Latency k3 adds per request and per event, for each dialect (args go to the runner)."""
     install(session)
     session.run("python", "-m", "runners", "proxy", *session.posargs)
+
+
+@nox.session(name="bench-proxy-peers", python=PYTHON)
+def bench_proxy_peers(session: nox.Session) -> None:
+    """k3 and LiteLLM's proxy side by side in front of the same engine (args go to the runner)."""
+    install(session)
+    session.install(LITELLM)
+    session.run("python", "-m", "runners", "proxy-peers", *session.posargs)
 
 
 @nox.session(name="proxy-gate", python=PYTHON)

@@ -85,6 +85,32 @@ def draw_bars(data: dict) -> plt.Figure:
     return fig
 
 
+def proxy_vs_peers(frame: pd.DataFrame) -> dict | None:
+    """Latency k3 and each peer proxy add to the same turn over loopback (`proxy-peers` receipts)."""
+    rows = newest(frame)
+    rows = rows[(rows["suite"] == "proxy") & rows["name"].str.startswith("peers.")]
+    bars = []
+    for row in rows.sort_values("name").itertuples():
+        receipt = row.receipt
+        for proxy in ("k3", *sorted(receipt["config"]["peers"])):
+            stats = receipt["summary"].get(f"{proxy}_added_ms")
+            if stats is not None:  # None: the proxy does not support this dialect (see the receipt)
+                bars.append(
+                    {
+                        "label": f"{row.name.removeprefix('peers.')} · {proxy}\n{row.hardware_id}",
+                        "median": stats["median"],
+                        "p10": stats["p10"],
+                        "p90": stats["p90"],
+                        "unit": receipt["units"][f"{proxy}_added_ms"],
+                        "receipt": row.path,
+                    }
+                )
+    if not bars:
+        return None
+    return {"title": "Added per turn over loopback (median, p10–p90)", "metric": "added",
+            "bars": bars}  # fmt: skip
+
+
 def decode_throughput(frame: pd.DataFrame) -> dict | None:
     """Decode tok/s against context length, one line per (model, dtype, batch, hardware), with its roofline."""
     rows = newest(frame)
@@ -396,6 +422,7 @@ FIGURES: list[Figure] = [
     Figure("memory_headroom", memory_headroom, draw_headroom),
     Figure("decode_time_split", decode_time_split, draw_time_split),
     Figure("proxy_overhead", suite_medians("proxy", "added_ms"), draw_bars),
+    Figure("proxy_vs_peers", proxy_vs_peers, draw_bars),
     Figure("kernel_bandwidth", kernel_bandwidth, draw_kernel_bandwidth),
     Figure("plan_weight_bytes", plan_weight_bytes, draw_plan_weight_bytes),
     Figure("quantisation_quality", quantisation_quality, draw_quantisation_quality),

@@ -2,6 +2,7 @@
 
 python -m runners decode     engine decode (and prefill) throughput against the bandwidth roofline
 python -m runners proxy      latency k3 adds per request and per event
+python -m runners proxy-peers  k3 and LiteLLM's proxy side by side in front of the same engine
 python -m runners accuracy   quantised against unquantised model (KL, top-1, perplexity, greedy, routing)
 python -m runners kernels    every kernel variant against its reference: achieved bandwidth
 python -m runners llamacpp   our engine against llama.cpp on the same model and machine
@@ -23,6 +24,10 @@ from runners.proxy import proxy_command, proxy_gate_command  # noqa: E402
 
 main.add_command(proxy_command)
 main.add_command(proxy_gate_command)
+
+from runners.proxy_peers import proxy_peers_command  # noqa: E402
+
+main.add_command(proxy_peers_command)
 
 from runners.accuracy import accuracy_command  # noqa: E402
 

@@ -1,4 +1,5 @@
 import json
+import random
 
 from harness import figures, report
 
@@ -59,3 +60,23 @@ def test_figure_data_is_taken_from_the_receipts(tmp_path, make_receipt):
 
 def test_no_receipts_no_figures(tmp_path):
     assert figures.write_all(tmp_path / "none", tmp_path / "out") == []
+
+
+def test_peer_comparison_has_a_bar_per_proxy_that_answered(tmp_path):
+    from harness.receipt import write_receipt
+    from tests.harness.conftest import HARDWARE
+
+    results = tmp_path / "results"
+    k3 = [random.uniform(0.5, 1.5) for _ in range(9)]
+    peer = [random.uniform(5, 15) for _ in range(9)]
+    for name, samples in [("peers.anthropic.json", {"k3_added_ms": k3, "litellm_added_ms": peer}),
+                          ("peers.responses.json", {"k3_added_ms": k3})]:  # fmt: skip
+        write_receipt(
+            "proxy", name, config={"peers": {"litellm": {"version": "0"}}}, samples=samples,
+            units={k: "ms" for k in samples}, results_dir=results, hardware=HARDWARE, command=["test"],
+        )  # fmt: skip
+    data = figures.build_all(results)["proxy_vs_peers"]
+    labels = [bar["label"].split("\n")[0] for bar in data["bars"]]
+    assert labels == ["anthropic.json · k3", "anthropic.json · litellm", "responses.json · k3"]
+    assert data["bars"][1]["median"] == sorted(peer)[4]
+    assert "proxy_overhead" not in figures.build_all(results)  # peer receipts carry no added_ms

@@ -1,0 +1,172 @@
+"""`python -m runners proxy-peers`: k3 against another proxy on the same machine, side by side.
+
+The scripted engine (runners.engine_process), `k3 serve` and the peer each run as their own process
+on loopback TCP. Every iteration posts the same turn straight to the engine and through each proxy,
+in an order that rotates every iteration; added = through a proxy − direct, per iteration. A proxy
+that cannot translate a dialect to OpenAI Chat is recorded in the receipt as unsupported, with the
+answer it gave, instead of being timed.
+
+The peer is LiteLLM's proxy (`litellm[proxy]`, pinned by `nox -s bench-proxy-peers`), configured
+with one catch-all model routed to the engine as a hosted vLLM (OpenAI Chat) server and a master
+key; nothing else is switched on or off. Method: docs/METHODS.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import socket
+import statistics
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+import httpx
+import orjson
+
+from harness.receipt import RESULTS_DIR, write_receipt
+from k3.bench import DIALECTS, ROUTES, client_request
+from runners.proxy import _engine_payload, _post, server_process
+from runners.regenerate import regenerate
+
+PEER_KEY = "sk-local-kimi-bench-0123456789"  # the peer's master key; k3 runs without one
+LITELLM_CONFIG = """\
+model_list:
+  - model_name: "*"
+    litellm_params:
+      model: hosted_vllm/kimi-linear
+      api_base: {engine_base}
+      api_key: none
+general_settings:
+  master_key: {key}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def litellm_version() -> str:
+    try:
+        return importlib.metadata.version("litellm")
+    except importlib.metadata.PackageNotFoundError:
+        raise click.ClickException(
+            "LiteLLM is not installed in this environment; run `nox -s bench-proxy-peers`, which installs "
+            "the pinned `litellm[proxy]` beside local-kimi"
+        ) from None
+
+
+@contextmanager
+def litellm_server(engine_base: str, scratch: Path):
+    """LiteLLM's proxy in front of the engine; yields (its base URL, its config text)."""
+    config = LITELLM_CONFIG.format(engine_base=engine_base, key=PEER_KEY)
+    path = scratch / "litellm.yaml"
+    path.write_text(config)
+    cmd = [sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(path), "--host", "127.0.0.1",
+           "--port", str(_free_port())]  # fmt: skip
+    # The bundled model-price map, not a download this machine cannot make (it only slows startup).
+    env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    with server_process(cmd, "Uvicorn running on", startup_s=180, env=env) as (base, _):
+        yield base, config
+
+
+async def _supported(client: httpx.AsyncClient, base: str, dialect: str, stream: bool) -> str | None:
+    """None when the proxy answers this turn with 200; else what it answered."""
+    response = await client.post(
+        f"{base}{ROUTES[dialect]}", content=orjson.dumps(client_request(dialect, stream))
+    )
+    if response.status_code == 200:
+        return None
+    return f"HTTP {response.status_code}: {response.text[:300]}"
+
+
+async def rotated(engine_base: str, proxies: dict[str, str], dialect: str, stream: bool, iterations: int,
+                  warmup: int, headers: dict[str, str] | None = None) -> tuple[dict[str, list[float]], dict[str, str]]:  # fmt: skip
+    """Samples of one (dialect, stream) case: direct_ms, and per proxy `<name>_ms` and
+    `<name>_added_ms`; plus {proxy: its answer} for the proxies that do not support the case."""
+    body = client_request(dialect, stream)
+    client_body = orjson.dumps(body)
+    engine_body = orjson.dumps(await _engine_payload(body, ROUTES[dialect]))
+    async with httpx.AsyncClient(timeout=60, headers=headers) as client:
+        unsupported = {}
+        for name, base in proxies.items():
+            answer = await _supported(client, base, dialect, stream)
+            if answer is not None:
+                unsupported[name] = answer
+        paths = [("direct", f"{engine_base}/chat/completions", engine_body)]
+        paths += [(name, f"{base}{ROUTES[dialect]}", client_body) for name, base in proxies.items()
+                  if name not in unsupported]  # fmt: skip
+        samples: dict[str, list[float]] = {f"{name}_ms": [] for name, _, _ in paths}
+        for i in range(warmup + iterations):
+            k = i % len(paths)
+            timings = {
+                name: (await _post(client, url, payload))[0] for name, url, payload in paths[k:] + paths[:k]
+            }
+            if i >= warmup:
+                for name, seconds in timings.items():
+                    samples[f"{name}_ms"].append(seconds * 1e3)
+        direct = samples["direct_ms"]
+        for name, _, _ in paths[1:]:
+            samples[f"{name}_added_ms"] = [p - d for p, d in zip(samples[f"{name}_ms"], direct, strict=True)]
+    return samples, unsupported
+
+
+@click.command("proxy-peers")
+@click.option("--iterations", type=click.IntRange(2), default=200, show_default=True,
+              help="Timed requests per path and case.")  # fmt: skip
+@click.option("--warmup", type=click.IntRange(0), default=20, show_default=True)
+@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
+@click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
+def proxy_peers_command(iterations, warmup, results, no_regenerate) -> None:  # fmt: skip
+    """k3 and LiteLLM's proxy in front of the same engine over loopback: latency each adds per turn."""
+    version = litellm_version()
+    written = []
+    engine_cmd = [sys.executable, "-m", "runners.engine_process"]
+    with (
+        tempfile.TemporaryDirectory() as scratch,
+        server_process(engine_cmd, "engine listening on") as (
+            engine_base,
+            _,
+        ),
+    ):
+        k3_cmd = [sys.executable, "-m", "k3", "serve", "--upstream", engine_base, "--port", "0",
+                  "--log-level", "warning"]  # fmt: skip
+        with server_process(k3_cmd, "k3 listening on") as (k3_base, _):
+            click.echo(f"starting LiteLLM {version} (its startup takes a while) ...", err=True)
+            with litellm_server(engine_base, Path(scratch)) as (litellm_base, litellm_config):
+                proxies = {"k3": k3_base, "litellm": litellm_base}
+                auth = {"authorization": f"Bearer {PEER_KEY}", "x-api-key": PEER_KEY}
+                cases = [(d, s) for d in DIALECTS for s in (False, True)]
+                with click.progressbar(cases, label="k3 and LiteLLM over loopback") as bar:
+                    for dialect, stream in bar:
+                        samples, unsupported = asyncio.run(
+                            rotated(engine_base, proxies, dialect, stream, iterations, warmup, auth)
+                        )
+                        derived = {
+                            f"{name}_added_median_us": statistics.median(samples[f"{name}_added_ms"]) * 1e3
+                            for name in proxies
+                            if name not in unsupported
+                        }
+                        if "litellm" not in unsupported:
+                            derived["litellm_over_k3"] = (
+                                derived["litellm_added_median_us"] / derived["k3_added_median_us"]
+                            )
+                        config = {"iterations": iterations, "warmup": warmup, "mode": "peers", "dialect": dialect,
+                                  "stream": stream, "peers": {"litellm": {"version": version, "config": litellm_config}},
+                                  "unsupported": unsupported}  # fmt: skip
+                        units = {k: "ms" for k in samples} | {k: "µs" for k in derived if k.endswith("_us")}
+                        units |= {k: "×" for k in derived if k.endswith("_over_k3")}
+                        written.append(write_receipt(
+                            "proxy", f"peers.{dialect}.{'stream' if stream else 'json'}", config=config,
+                            samples=samples, units=units, derived=derived, results_dir=results,
+                            notes="k3 serve, LiteLLM's proxy and the scripted engine as separate processes on "
+                                  "loopback TCP; added = through the proxy − direct, per rotated iteration",
+                        ))  # fmt: skip
+    for path in written:
+        click.echo(f"wrote {path}")
+    if not no_regenerate:
+        regenerate(results)
