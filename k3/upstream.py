@@ -7,8 +7,7 @@ through with its own status and message.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import httpx
@@ -92,15 +91,48 @@ class _ChunkReader:
 
 
 class Chunks:
-    """The engine's chunk objects in batches, one per network read: what arrived together is
-    translated and written together. `done` turns true as the batch that carried the engine's
-    `[DONE]` is handed out, so the caller knows that batch is the last one."""
+    """One streaming chat completion: `async with upstream.stream(body) as chunks`, then
+    `async for batch in chunks`. Batches hold the chunk objects of one network read: what arrived
+    together is translated and written together. Status errors raise on entry, before any chunk,
+    so the caller can still answer with a plain JSON error. `done` turns true as the batch that
+    carried the engine's `[DONE]` is handed out, so the caller knows that batch is the last one.
+    (A class, not a generator-based context manager: this is on every streamed turn's path.)"""
 
-    __slots__ = ("_batches", "_reader")
+    __slots__ = ("_upstream", "_body", "_response", "_batches", "_reader")
 
-    def __init__(self, batches: AsyncGenerator[list[dict[str, Any]], None], reader: _ChunkReader):
-        self._batches = batches
-        self._reader = reader
+    def __init__(self, upstream: Upstream, body: bytes):
+        self._upstream = upstream
+        self._body = body
+        self._reader = _ChunkReader()
+
+    async def __aenter__(self) -> Chunks:
+        upstream = self._upstream
+        try:
+            response = await upstream.transport.handle_async_request(upstream._chat_request(self._body))
+        except httpx.TransportError as exc:
+            raise _transport_error(exc, upstream.chat_url) from exc
+        if response.status_code >= 400:
+            raw = b""
+            try:
+                async for piece in response.stream:  # type: ignore[union-attr]
+                    raw += piece
+                    if len(raw) > _ERROR_BODY_LIMIT:
+                        break
+            except httpx.TransportError:
+                pass  # the status is the message; a cut error body does not change it
+            finally:
+                await response.stream.aclose()  # type: ignore[union-attr]
+            message = upstream_message(response.status_code, raw)
+            raise ProxyError(response.status_code, message, code="upstream_error")
+        self._response = response
+        self._batches = upstream._batches(response, self._reader)
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        try:
+            await self._batches.aclose()
+        finally:
+            await self._response.stream.aclose()  # type: ignore[union-attr]
 
     def __aiter__(self) -> AsyncGenerator[list[dict[str, Any]], None]:
         return self._batches
@@ -115,7 +147,9 @@ class Upstream:
     transport (its connection pool) with a prepared request, and read the raw body stream: the
     client layer's URL merging, cookie jar, auth, redirect and decoding machinery is not needed
     there (k3 sends no Accept-Encoding, so bodies come uncompressed) and costs more than the rest
-    of a turn's translation. Side calls (/models, /tokenize) use the client itself."""
+    of a turn's translation; responses are closed through their transport stream, which is what
+    `Response.aclose` does under a context that only annotates errors for the client layer.
+    Side calls (/models, /tokenize) use the client itself."""
 
     def __init__(self, config: Config, transport: httpx.AsyncBaseTransport | None = None):
         self.base = config.upstream_base
@@ -157,7 +191,7 @@ class Upstream:
             try:
                 content = b"".join([piece async for piece in response.stream])  # type: ignore[union-attr]
             finally:
-                await response.aclose()
+                await response.stream.aclose()  # type: ignore[union-attr]
         except httpx.TransportError as exc:
             raise _transport_error(exc, self.chat_url) from exc
         if response.status_code >= 400:
@@ -171,34 +205,9 @@ class Upstream:
             raise ProxyError(502, "upstream sent JSON that is not an object", code="upstream_protocol")
         return completion
 
-    @asynccontextmanager
-    async def stream(self, body: bytes) -> AsyncIterator[Chunks]:
-        """Streaming chat completion: yields the chunk batches. Status errors raise here, before
-        any chunk, so the caller can still answer with a plain JSON error."""
-        try:
-            response = await self.transport.handle_async_request(self._chat_request(body))
-        except httpx.TransportError as exc:
-            raise _transport_error(exc, self.chat_url) from exc
-        try:
-            if response.status_code >= 400:
-                raw = b""
-                try:
-                    async for piece in response.stream:  # type: ignore[union-attr]
-                        raw += piece
-                        if len(raw) > _ERROR_BODY_LIMIT:
-                            break
-                except httpx.TransportError:
-                    pass  # the status is the message; a cut error body does not change it
-                message = upstream_message(response.status_code, raw)
-                raise ProxyError(response.status_code, message, code="upstream_error")
-            reader = _ChunkReader()
-            batches = self._batches(response, reader)
-            try:
-                yield Chunks(batches, reader)
-            finally:
-                await batches.aclose()
-        finally:
-            await response.aclose()
+    def stream(self, body: bytes) -> Chunks:
+        """Streaming chat completion (see Chunks)."""
+        return Chunks(self, body)
 
     async def _batches(
         self, response: httpx.Response, reader: _ChunkReader
