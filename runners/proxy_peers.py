@@ -84,8 +84,15 @@ async def _supported(client: httpx.AsyncClient, base: str, dialect: str, stream:
     return f"HTTP {response.status_code}: {response.text[:300]}"
 
 
-async def rotated(engine_base: str, proxies: dict[str, str], dialect: str, stream: bool, iterations: int,
-                  warmup: int, headers: dict[str, str] | None = None) -> tuple[dict[str, list[float]], dict[str, str]]:  # fmt: skip
+async def rotated(
+    engine_base: str,
+    proxies: dict[str, str],
+    dialect: str,
+    stream: bool,
+    iterations: int,
+    warmup: int,
+    headers: dict[str, str] | None = None,
+) -> tuple[dict[str, list[float]], dict[str, str]]:
     """Samples of one (dialect, stream) case: direct_ms, and per proxy `<name>_ms` and
     `<name>_added_ms`; plus {proxy: its answer} for the proxies that do not support the case."""
     body = client_request(dialect, stream)
@@ -115,6 +122,32 @@ async def rotated(engine_base: str, proxies: dict[str, str], dialect: str, strea
     return samples, unsupported
 
 
+def _derived(samples: dict[str, list[float]], proxies: list[str]) -> tuple[dict[str, float], dict[str, str]]:
+    """Median added latency per timed proxy, LiteLLM over k3 when both were timed; and the units."""
+    derived = {
+        f"{name}_added_median_us": statistics.median(samples[f"{name}_added_ms"]) * 1e3 for name in proxies
+    }
+    if "litellm" in proxies:
+        derived["litellm_over_k3"] = derived["litellm_added_median_us"] / derived["k3_added_median_us"]
+    units = {k: "ms" for k in samples} | {k: "×" if k.endswith("_over_k3") else "µs" for k in derived}
+    return derived, units
+
+
+@contextmanager
+def _servers(scratch: Path):
+    """The engine, k3 and LiteLLM, each its own process; yields (engine base, {proxy: base}, LiteLLM config)."""
+    with server_process([sys.executable, "-m", "runners.engine_process"], "engine listening on") as (
+        engine,
+        _,
+    ):
+        k3_cmd = [sys.executable, "-m", "k3", "serve", "--upstream", engine, "--port", "0",
+                  "--log-level", "warning"]  # fmt: skip
+        with server_process(k3_cmd, "k3 listening on") as (k3, _):
+            click.echo("starting LiteLLM (its startup takes a while) ...", err=True)
+            with litellm_server(engine, scratch) as (litellm, config):
+                yield engine, {"k3": k3, "litellm": litellm}, config
+
+
 @click.command("proxy-peers")
 @click.option("--iterations", type=click.IntRange(2), default=200, show_default=True,
               help="Timed requests per path and case.")  # fmt: skip
@@ -124,48 +157,28 @@ async def rotated(engine_base: str, proxies: dict[str, str], dialect: str, strea
 def proxy_peers_command(iterations, warmup, results, no_regenerate) -> None:  # fmt: skip
     """k3 and LiteLLM's proxy in front of the same engine over loopback: latency each adds per turn."""
     version = litellm_version()
+    auth = {"authorization": f"Bearer {PEER_KEY}", "x-api-key": PEER_KEY}
+    cases = [(d, s) for d in DIALECTS for s in (False, True)]
     written = []
-    engine_cmd = [sys.executable, "-m", "runners.engine_process"]
     with (
         tempfile.TemporaryDirectory() as scratch,
-        server_process(engine_cmd, "engine listening on") as (
-            engine_base,
-            _,
-        ),
+        _servers(Path(scratch)) as (engine, proxies, litellm_config),
     ):
-        k3_cmd = [sys.executable, "-m", "k3", "serve", "--upstream", engine_base, "--port", "0",
-                  "--log-level", "warning"]  # fmt: skip
-        with server_process(k3_cmd, "k3 listening on") as (k3_base, _):
-            click.echo(f"starting LiteLLM {version} (its startup takes a while) ...", err=True)
-            with litellm_server(engine_base, Path(scratch)) as (litellm_base, litellm_config):
-                proxies = {"k3": k3_base, "litellm": litellm_base}
-                auth = {"authorization": f"Bearer {PEER_KEY}", "x-api-key": PEER_KEY}
-                cases = [(d, s) for d in DIALECTS for s in (False, True)]
-                with click.progressbar(cases, label="k3 and LiteLLM over loopback") as bar:
-                    for dialect, stream in bar:
-                        samples, unsupported = asyncio.run(
-                            rotated(engine_base, proxies, dialect, stream, iterations, warmup, auth)
-                        )
-                        derived = {
-                            f"{name}_added_median_us": statistics.median(samples[f"{name}_added_ms"]) * 1e3
-                            for name in proxies
-                            if name not in unsupported
-                        }
-                        if "litellm" not in unsupported:
-                            derived["litellm_over_k3"] = (
-                                derived["litellm_added_median_us"] / derived["k3_added_median_us"]
-                            )
-                        config = {"iterations": iterations, "warmup": warmup, "mode": "peers", "dialect": dialect,
-                                  "stream": stream, "peers": {"litellm": {"version": version, "config": litellm_config}},
-                                  "unsupported": unsupported}  # fmt: skip
-                        units = {k: "ms" for k in samples} | {k: "µs" for k in derived if k.endswith("_us")}
-                        units |= {k: "×" for k in derived if k.endswith("_over_k3")}
-                        written.append(write_receipt(
-                            "proxy", f"peers.{dialect}.{'stream' if stream else 'json'}", config=config,
-                            samples=samples, units=units, derived=derived, results_dir=results,
-                            notes="k3 serve, LiteLLM's proxy and the scripted engine as separate processes on "
-                                  "loopback TCP; added = through the proxy − direct, per rotated iteration",
-                        ))  # fmt: skip
+        with click.progressbar(cases, label="k3 and LiteLLM over loopback") as bar:
+            for dialect, stream in bar:
+                samples, unsupported = asyncio.run(
+                    rotated(engine, proxies, dialect, stream, iterations, warmup, auth)
+                )
+                derived, units = _derived(samples, [p for p in proxies if p not in unsupported])
+                config = {"iterations": iterations, "warmup": warmup, "mode": "peers", "dialect": dialect,
+                          "stream": stream, "unsupported": unsupported,
+                          "peers": {"litellm": {"version": version, "config": litellm_config}}}  # fmt: skip
+                written.append(write_receipt(
+                    "proxy", f"peers.{dialect}.{'stream' if stream else 'json'}", config=config,
+                    samples=samples, units=units, derived=derived, results_dir=results,
+                    notes="k3 serve, LiteLLM's proxy and the scripted engine as separate processes on "
+                          "loopback TCP; added = through the proxy − direct, per rotated iteration",
+                ))  # fmt: skip
     for path in written:
         click.echo(f"wrote {path}")
     if not no_regenerate:
