@@ -41,6 +41,7 @@ from k3.ir import (
     ToolCallStart,
     Usage,
 )
+from k3.reasoning.fingerprint import visible_text
 from k3.tools import Parser, Reasoning, Text, ThinkSplitter, make_parser
 from k3.tools.ids import new_call_id
 from k3.tools.passthrough import PassthroughParser
@@ -109,14 +110,6 @@ def completion_to_chunk(completion: dict[str, Any]) -> dict[str, Any]:
             }
         ]
     return chunk
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-    return ""
 
 
 def _int(value: Any) -> int:
@@ -196,7 +189,7 @@ class Translator:
                 self._reason(reasoning, out)
             content = delta.get("content")
             if content:
-                text = _text_of(content)
+                text = visible_text(content)
                 if text:
                     if self._plain:
                         self._visible(text, out)
