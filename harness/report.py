@@ -132,19 +132,23 @@ def _section(suite: str, rows: pd.DataFrame) -> dict:
     }
 
 
-def render(results_dir: Path | None = None) -> str:
-    frame = load_frame(results_dir)
-    latest = newest(frame)
-    suites = [s for s in SUITES if s in set(latest["suite"])] + sorted(set(latest["suite"]) - set(SUITES))
-    sections = [_section(suite, latest[latest["suite"] == suite]) for suite in suites]
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES),
+def templates(directory: Path) -> jinja2.Environment:
+    """The project's Markdown templates: strict (a missing value fails), block tags leave no blank lines."""
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(directory),
         trim_blocks=True,
         lstrip_blocks=True,
         keep_trailing_newline=True,
         undefined=jinja2.StrictUndefined,
     )
-    return env.get_template("RESULTS.md.j2").render(sections=sections, n_receipts=len(frame))
+
+
+def render(results_dir: Path | None = None) -> str:
+    frame = load_frame(results_dir)
+    latest = newest(frame)
+    suites = [s for s in SUITES if s in set(latest["suite"])] + sorted(set(latest["suite"]) - set(SUITES))
+    sections = [_section(suite, latest[latest["suite"] == suite]) for suite in suites]
+    return templates(TEMPLATES).get_template("RESULTS.md.j2").render(sections=sections, n_receipts=len(frame))
 
 
 def write_report(results_dir: Path | None = None) -> Path:

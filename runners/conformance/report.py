@@ -11,10 +11,9 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import jinja2
-
 from harness.hardware import REPO_ROOT
 from harness.receipt import RESULTS_DIR, load_receipt, receipt_paths, write_receipt
+from harness.report import templates
 from runners.conformance.clients import CLIENTS, ENGINE_MODEL, Request
 from runners.conformance.install import PINS
 from runners.conformance.scenarios import CASES, MATRIX, Result
@@ -174,15 +173,17 @@ def render(results_dir: Path | None = None) -> str:
             "passed": int(receipt["derived"]["passed"]),
             "total": int(receipt["derived"]["cases"]),
         }
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES),
-        trim_blocks=True,
-        lstrip_blocks=True,
-        keep_trailing_newline=True,
-        undefined=jinja2.StrictUndefined,
-    )
-    return env.get_template("CLIENTS.md.j2").render(
-        run=run, setups=_setups(), scenarios=_scenarios(), base=DOC_BASE, token=DOC_TOKEN, model=ENGINE_MODEL
+    return (
+        templates(TEMPLATES)
+        .get_template("CLIENTS.md.j2")
+        .render(
+            run=run,
+            setups=_setups(),
+            scenarios=_scenarios(),
+            base=DOC_BASE,
+            token=DOC_TOKEN,
+            model=ENGINE_MODEL,
+        )
     )
 
 
