@@ -265,20 +265,31 @@ def plan_weight_bytes(frame: pd.DataFrame) -> dict | None:
             "plans": [plans[k] for k in sorted(plans)]}  # fmt: skip
 
 
+def _stacked_bars(
+    ax: plt.Axes,
+    labels: list[str],
+    parts: list[dict[str, float]],
+    keys: list[str],
+    fontsize: float | None = None,
+) -> None:
+    """One horizontal bar per label, made of its `parts` in `keys` order (one colour per key), top down."""
+    y = list(range(len(labels)))
+    left = [0.0] * len(labels)
+    for i, key in enumerate(keys):
+        widths = [p.get(key, 0.0) for p in parts]
+        ax.barh(y, widths, left=left, color=f"C{i % 10}", label=key)
+        left = [a + w for a, w in zip(left, widths, strict=True)]
+    ax.set_yticks(y, labels, fontsize=fontsize)
+    ax.invert_yaxis()
+
+
 def draw_plan_weight_bytes(data: dict) -> plt.Figure:
     plans = data["plans"]
     classes = sorted(
         {c for p in plans for c in p["gb"]}, key=lambda c: -max(p["gb"].get(c, 0) for p in plans)
     )
     fig, ax = plt.subplots(figsize=(7.2, 1.2 + 0.4 * len(plans)))
-    y = list(range(len(plans)))
-    left = [0.0] * len(plans)
-    for i, cls in enumerate(classes):
-        widths = [p["gb"].get(cls, 0.0) for p in plans]
-        ax.barh(y, widths, left=left, color=f"C{i % 10}", label=cls)
-        left = [a + b for a, b in zip(left, widths, strict=True)]
-    ax.set_yticks(y, [p["plan"] for p in plans])
-    ax.invert_yaxis()
+    _stacked_bars(ax, [p["plan"] for p in plans], [p["gb"] for p in plans], classes)
     ax.set_xlabel("GB (1e9 bytes)")
     ax.set_title(data["title"])
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -401,14 +412,7 @@ def draw_time_split(data: dict) -> plt.Figure:
     bars = data["bars"]
     components = list(dict.fromkeys(k for b in bars for k in b["parts"]))
     fig, ax = plt.subplots(figsize=(8.4, 1.8 + 0.6 * len(bars)))
-    y = list(range(len(bars)))
-    left = [0.0] * len(bars)
-    for i, component in enumerate(components):
-        widths = [b["parts"].get(component, 0.0) for b in bars]
-        ax.barh(y, widths, left=left, color=f"C{i % 10}", label=component)
-        left = [a + w for a, w in zip(left, widths, strict=True)]
-    ax.set_yticks(y, [b["label"] for b in bars], fontsize=7)
-    ax.invert_yaxis()
+    _stacked_bars(ax, [b["label"] for b in bars], [b["parts"] for b in bars], components, fontsize=7)
     ax.set_xlabel("ms per decode step")
     ax.set_title(data["title"])
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
