@@ -69,6 +69,20 @@ def server_process(
                 proc.kill()
 
 
+@contextmanager
+def engine_and_k3():
+    """The scripted engine and `k3 serve` in front of it, each its own process on loopback;
+    yields (engine base URL, k3 base URL, k3's psutil.Process)."""
+    with server_process([sys.executable, "-m", "runners.engine_process"], "engine listening on") as (
+        engine,
+        _,
+    ):
+        k3_cmd = [sys.executable, "-m", "k3", "serve", "--upstream", engine, "--port", "0",
+                  "--log-level", "warning"]  # fmt: skip
+        with server_process(k3_cmd, "k3 listening on") as (k3, k3_proc):
+            yield engine, k3, k3_proc
+
+
 def _sockets_and_concurrency(
     wanted, k3_base, engine_base, k3_proc, iterations, warmup, streams, receipt
 ) -> None:
@@ -111,7 +125,7 @@ def _read(log) -> str:
     return log.read()
 
 
-async def _post(client: httpx.AsyncClient, url: str, body: bytes) -> tuple[float, int]:
+async def timed_post(client: httpx.AsyncClient, url: str, body: bytes) -> tuple[float, int]:
     """Seconds for one request, whole body read; and how many SSE events came back."""
     start = time.perf_counter()
     response = await client.post(url, content=body, headers={"content-type": "application/json"})
@@ -133,7 +147,7 @@ def _request(dialect: str, stream: bool, prompt: str | None = None) -> dict:
     return body
 
 
-async def _engine_payload(body: dict, route: str) -> dict:
+async def engine_payload(body: dict, route: str) -> dict:
     """Exactly what k3 sends upstream for this turn, captured once from an in-process k3 and engine."""
     engine = FakeUpstream()
     app = create_app(Config(upstream="http://engine/v1"), upstream_transport=httpx.ASGITransport(engine))
@@ -150,7 +164,7 @@ async def _paired(k3_base: str, engine_base: str, dialect: str, stream: bool, pr
     """Interleaved direct/proxied timings of one (dialect, stream, prompt) case over loopback sockets."""
     body = _request(dialect, stream, prompt)
     client_body = orjson.dumps(body)
-    engine_body = orjson.dumps(await _engine_payload(body, ROUTES[dialect]))
+    engine_body = orjson.dumps(await engine_payload(body, ROUTES[dialect]))
     async with httpx.AsyncClient(timeout=30) as client:
         direct_url, proxied_url = f"{engine_base}/chat/completions", f"{k3_base}{ROUTES[dialect]}"
         samples: dict[str, list[float]] = {"direct_ms": [], "proxied_ms": [], "added_ms": [], "events": []}
@@ -158,7 +172,7 @@ async def _paired(k3_base: str, engine_base: str, dialect: str, stream: bool, pr
             order = [(direct_url, engine_body), (proxied_url, client_body)]
             if i % 2:
                 order.reverse()  # alternate so drift hits both paths alike
-            timings = {url: await _post(client, url, payload) for url, payload in order}
+            timings = {url: await timed_post(client, url, payload) for url, payload in order}
             if i >= warmup:
                 direct, (proxied, events) = timings[direct_url][0], timings[proxied_url]
                 samples["direct_ms"].append(direct * 1e3)
@@ -177,7 +191,7 @@ async def _concurrent(k3_base: str, streams: int, rounds: int) -> list[float]:
         for _ in range(rounds + 1):
             start = time.perf_counter()
             results = await asyncio.gather(
-                *[_post(client, f"{k3_base}/v1/messages", body) for _ in range(streams)]
+                *[timed_post(client, f"{k3_base}/v1/messages", body) for _ in range(streams)]
             )
             elapsed = time.perf_counter() - start
             rates.append(sum(events for _, events in results) / elapsed)
@@ -243,14 +257,10 @@ def proxy_command(iterations, warmup, streams, modes, results, no_regenerate) ->
                 "triple",
             )  # fmt: skip
     if wanted & {"sockets", "concurrency"}:
-        engine_cmd = [sys.executable, "-m", "runners.engine_process"]
-        with server_process(engine_cmd, "engine listening on") as (engine_base, _):
-            k3_cmd = [sys.executable, "-m", "k3", "serve", "--upstream", engine_base, "--port", "0",
-                      "--log-level", "warning"]  # fmt: skip
-            with server_process(k3_cmd, "k3 listening on") as (k3_base, k3_proc):
-                _sockets_and_concurrency(
-                    wanted, k3_base, engine_base, k3_proc, iterations, warmup, streams, receipt
-                )
+        with engine_and_k3() as (engine_base, k3_base, k3_proc):
+            _sockets_and_concurrency(
+                wanted, k3_base, engine_base, k3_proc, iterations, warmup, streams, receipt
+            )
     for path in written:
         click.echo(f"wrote {path}")
     if not no_regenerate:

@@ -28,7 +28,7 @@ import orjson
 
 from harness.receipt import RESULTS_DIR, write_receipt
 from k3.bench import DIALECTS, ROUTES, client_request
-from runners.proxy import _engine_payload, _post, server_process
+from runners.proxy import engine_and_k3, engine_payload, server_process, timed_post
 from runners.regenerate import regenerate
 
 PEER_KEY = "sk-local-kimi-bench-0123456789"  # the peer's master key; k3 runs without one
@@ -97,7 +97,7 @@ async def rotated(
     `<name>_added_ms`; plus {proxy: its answer} for the proxies that do not support the case."""
     body = client_request(dialect, stream)
     client_body = orjson.dumps(body)
-    engine_body = orjson.dumps(await _engine_payload(body, ROUTES[dialect]))
+    engine_body = orjson.dumps(await engine_payload(body, ROUTES[dialect]))
     async with httpx.AsyncClient(timeout=60, headers=headers) as client:
         unsupported = {}
         for name, base in proxies.items():
@@ -111,7 +111,8 @@ async def rotated(
         for i in range(warmup + iterations):
             k = i % len(paths)
             timings = {
-                name: (await _post(client, url, payload))[0] for name, url, payload in paths[k:] + paths[:k]
+                name: (await timed_post(client, url, payload))[0]
+                for name, url, payload in paths[k:] + paths[:k]
             }
             if i >= warmup:
                 for name, seconds in timings.items():
@@ -136,16 +137,10 @@ def _derived(samples: dict[str, list[float]], proxies: list[str]) -> tuple[dict[
 @contextmanager
 def _servers(scratch: Path):
     """The engine, k3 and LiteLLM, each its own process; yields (engine base, {proxy: base}, LiteLLM config)."""
-    with server_process([sys.executable, "-m", "runners.engine_process"], "engine listening on") as (
-        engine,
-        _,
-    ):
-        k3_cmd = [sys.executable, "-m", "k3", "serve", "--upstream", engine, "--port", "0",
-                  "--log-level", "warning"]  # fmt: skip
-        with server_process(k3_cmd, "k3 listening on") as (k3, _):
-            click.echo("starting LiteLLM (its startup takes a while) ...", err=True)
-            with litellm_server(engine, scratch) as (litellm, config):
-                yield engine, {"k3": k3, "litellm": litellm}, config
+    with engine_and_k3() as (engine, k3, _):
+        click.echo("starting LiteLLM (its startup takes a while) ...", err=True)
+        with litellm_server(engine, scratch) as (litellm, config):
+            yield engine, {"k3": k3, "litellm": litellm}, config
 
 
 @click.command("proxy-peers")

@@ -3,41 +3,24 @@
 
 import asyncio
 import importlib.metadata
-import sys
 
 import pytest
 from click.testing import CliRunner
 
 from runners.cli import main
-from runners.proxy import server_process
+from runners.proxy import engine_and_k3
 from runners.proxy_peers import rotated
 
 
 @pytest.fixture(scope="module")
-def engine_and_k3():
-    with server_process([sys.executable, "-m", "runners.engine_process"], "engine listening on") as (
-        engine,
-        _,
-    ):
-        k3_cmd = [
-            sys.executable,
-            "-m",
-            "k3",
-            "serve",
-            "--upstream",
-            engine,
-            "--port",
-            "0",
-            "--log-level",
-            "warning",
-        ]
-        with server_process(k3_cmd, "k3 listening on") as (k3, _):
-            yield engine, k3
+def engine_and_k3_bases():
+    with engine_and_k3() as (engine, k3, _):
+        yield engine, k3
 
 
 @pytest.mark.parametrize("dialect", ["anthropic", "chat"])
-def test_rotated_times_every_proxy_that_answers_and_names_the_ones_that_do_not(engine_and_k3, dialect):
-    engine, k3 = engine_and_k3
+def test_rotated_times_every_proxy_that_answers_and_names_the_ones_that_do_not(engine_and_k3_bases, dialect):
+    engine, k3 = engine_and_k3_bases
     # The engine answers only OpenAI Chat itself: as a "proxy" it stands in for a peer without Anthropic.
     proxies = {"k3": k3, "bare": engine.removesuffix("/v1")}
     samples, unsupported = asyncio.run(rotated(engine, proxies, dialect, True, iterations=5, warmup=1))
