@@ -17,6 +17,8 @@ from pathlib import Path
 import click
 import httpx
 
+from runners.processes import stop
+
 LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 
 
@@ -34,12 +36,7 @@ def running_server(
         try:
             yield _wait_ready(proc, log, timeout_s)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=15)
+            stop(proc, timeout=15)
 
 
 def _wait_ready(proc: subprocess.Popen, log, timeout_s: float) -> str:

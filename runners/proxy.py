@@ -12,10 +12,7 @@ docs/METHODS.md):
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,48 +22,17 @@ from pathlib import Path
 import click
 import httpx
 import orjson
-import psutil
 
-from harness.hardware import REPO_ROOT
 from harness.receipt import RESULTS_DIR, write_receipt
 from k3.app import create_app
 from k3.bench import DIALECTS, ROUTES, client_request
 from k3.bench import measure as measure_asgi
 from k3.config import Config
 from k3.testing.fake_upstream import FakeUpstream
+from runners.processes import server_process
 from runners.regenerate import regenerate
 
 LONG_PROMPT = "a" * 1600  # echoed back 8 characters a chunk: about 200 events
-
-
-@contextmanager
-def server_process(
-    cmd: list[str], announces: str, *, startup_s: float = 30, env: dict[str, str] | None = None
-):
-    """A server subprocess that prints `<announces> http://...`; yields (its URL, psutil.Process)."""
-    with tempfile.TemporaryFile("w+") as log:
-        # Output goes to a file, not a pipe: an undrained pipe could block the server mid-benchmark.
-        env = os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {})
-        proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
-        try:
-            deadline = time.monotonic() + startup_s
-            while not (match := re.search(re.escape(announces) + r" (http://\S+)", _read(log))):
-                if proc.poll() is not None:
-                    raise click.ClickException(
-                        f"{cmd[2]} exited early (code {proc.returncode}):\n{_read(log)}"
-                    )
-                if time.monotonic() > deadline:
-                    raise click.ClickException(
-                        f"{cmd[2]} did not report its address within {startup_s:g} s:\n{_read(log)[-2000:]}"
-                    )
-                time.sleep(0.05)
-            yield match.group(1).rstrip("/"), psutil.Process(proc.pid)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 @contextmanager
@@ -118,11 +84,6 @@ def _sockets_and_concurrency(
             {"mode": "concurrency", "streams": streams, "long_prompt_chars": len(LONG_PROMPT)},
             "events/s through k3 with simultaneous streams; RSS of the k3 process after the run",
         )  # fmt: skip
-
-
-def _read(log) -> str:
-    log.seek(0)
-    return log.read()
 
 
 async def timed_post(client: httpx.AsyncClient, url: str, body: bytes) -> tuple[float, int]:

@@ -28,7 +28,8 @@ import orjson
 
 from harness.receipt import RESULTS_DIR, write_receipt
 from k3.bench import DIALECTS, ROUTES, client_request
-from runners.proxy import engine_and_k3, engine_payload, server_process, timed_post
+from runners.processes import server_process
+from runners.proxy import engine_and_k3, engine_payload, timed_post
 from runners.regenerate import regenerate
 
 PEER_KEY = "sk-local-kimi-bench-0123456789"  # the peer's master key; k3 runs without one

@@ -24,6 +24,7 @@ import openai
 import pytest
 
 from k3.testing.fake_upstream import FakeUpstream, Reply, ToolCall, serve_in_thread
+from runners.processes import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "sk-local"
@@ -66,12 +67,7 @@ def served() -> Iterator[tuple[FakeUpstream, str]]:
             _wait_until_serving(base)
             yield fake, base
         finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+            stop(proc)
             log.seek(0)
             tail = log.read()[-2000:].decode(errors="replace")
             assert "Traceback" not in tail, tail

@@ -16,6 +16,7 @@ import httpx
 from conversation import ARGUMENTS, CHAT_TOOL, QUESTION, REASONING, RESULT, first_turn, second_turn
 
 from k3.testing.fake_upstream import Reply, ToolCall
+from runners.processes import stop
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,12 +48,7 @@ def k3_serve(*args: str) -> Iterator[str]:
             raise AssertionError("k3 serve did not start within 20 s")
         yield base
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
+        stop(process)
 
 
 def chat(base: str, messages: list) -> httpx.Response:

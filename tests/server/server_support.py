@@ -17,6 +17,7 @@ from engine.runtime import Engine, Scheduler
 from engine.server.app import ServerContext, create_app
 from engine.server.chat_template import SYNTHETIC_CHAT_TEMPLATE, ChatTemplate
 from engine.server.scripted import ScriptedReplies
+from runners.processes import stop
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 30
@@ -105,9 +106,4 @@ class CliProcess:
         raise RuntimeError("no 'listening on' line:\n" + "".join(self.output))
 
     def stop(self) -> int:
-        self.proc.terminate()
-        try:
-            return self.proc.wait(TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(TIMEOUT_S)
+        return stop(self.proc, TIMEOUT_S)
