@@ -9,9 +9,12 @@
 """
 
 import os
+from collections.abc import Iterator
 
 import pytest
 import torch
+
+from k3.testing.fake_upstream import FakeUpstream, serve_in_thread
 
 HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
@@ -26,3 +29,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def engine_server() -> Iterator[tuple[FakeUpstream, str]]:
+    """One scripted fake engine on a real socket for the whole session: (the fake, its base URL).
+    Per-test fixtures reset it (`fake.reset()`) before use."""
+    fake = FakeUpstream()
+    with serve_in_thread(fake) as base_url:
+        yield fake, base_url

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
@@ -10,7 +10,7 @@ import pytest
 from k3.app import create_app
 from k3.config import Config
 from k3.testing.asgi import StreamingASGITransport
-from k3.testing.fake_upstream import FakeUpstream, serve_in_thread
+from k3.testing.fake_upstream import FakeUpstream
 
 
 @pytest.fixture
@@ -41,17 +41,9 @@ async def client(make_client: Callable[..., httpx.AsyncClient]) -> httpx.AsyncCl
     return make_client()
 
 
-@pytest.fixture(scope="session")
-def live_server() -> Iterator[tuple[FakeUpstream, str]]:
-    """One fake engine served over a real socket for the whole session."""
-    fake = FakeUpstream()
-    with serve_in_thread(fake) as base_url:
-        yield fake, base_url
-
-
 @pytest.fixture
-def live(live_server: tuple[FakeUpstream, str]) -> tuple[FakeUpstream, str]:
-    fake, base_url = live_server
+def live(engine_server: tuple[FakeUpstream, str]) -> tuple[FakeUpstream, str]:
+    fake, base_url = engine_server
     fake.reset()
     return fake, base_url
 

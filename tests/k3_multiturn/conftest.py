@@ -12,13 +12,6 @@ from k3.config import Config
 from k3.testing.fake_upstream import FakeUpstream, serve_in_thread
 
 
-@pytest.fixture(scope="session")
-def engine_server() -> Iterator[tuple[FakeUpstream, str]]:
-    fake = FakeUpstream()
-    with serve_in_thread(fake) as base_url:
-        yield fake, base_url
-
-
 @pytest.fixture
 def engine(engine_server: tuple[FakeUpstream, str]) -> FakeUpstream:
     fake, _ = engine_server
