@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 import matplotlib.ticker
@@ -41,6 +42,13 @@ class Figure:
     draw: Callable[[dict], plt.Figure]
 
 
+def _bar(label: str, row: Any, metric: str) -> dict:
+    """One bar of `draw_bars`: a receipt row's median and p10/p90 of `metric`, its unit and path."""
+    stats = row.receipt["summary"][metric]
+    return {"label": label, "median": stats["median"], "p10": stats["p10"], "p90": stats["p90"],
+            "unit": row.receipt["units"][metric], "receipt": row.path}  # fmt: skip
+
+
 def suite_medians(suite: str, metric: str) -> Callable[[pd.DataFrame], dict | None]:
     """Median and p10/p90 of one metric for every (name, hardware) of a suite, newest receipts."""
 
@@ -49,19 +57,9 @@ def suite_medians(suite: str, metric: str) -> Callable[[pd.DataFrame], dict | No
         rows = rows[rows["suite"] == suite]
         bars = []
         for row in rows.itertuples():
-            stats = row.receipt["summary"].get(metric)
-            if stats is None:
+            if metric not in row.receipt["summary"]:
                 continue
-            bars.append(
-                {
-                    "label": f"{row.name}\n{row.hardware_id}",
-                    "median": stats["median"],
-                    "p10": stats["p10"],
-                    "p90": stats["p90"],
-                    "unit": row.receipt["units"][metric],
-                    "receipt": row.path,
-                }
-            )
+            bars.append(_bar(f"{row.name}\n{row.hardware_id}", row, metric))
         if not bars:
             return None
         return {"title": f"{suite}: {metric} (median, p10–p90)", "metric": metric, "bars": bars}
@@ -93,18 +91,9 @@ def proxy_vs_peers(frame: pd.DataFrame) -> dict | None:
     for row in rows.sort_values("name").itertuples():
         receipt = row.receipt
         for proxy in ("k3", *sorted(receipt["config"]["peers"])):
-            stats = receipt["summary"].get(f"{proxy}_added_ms")
-            if stats is not None:  # None: the proxy does not support this dialect (see the receipt)
-                bars.append(
-                    {
-                        "label": f"{row.name.removeprefix('peers.')} · {proxy}\n{row.hardware_id}",
-                        "median": stats["median"],
-                        "p10": stats["p10"],
-                        "p90": stats["p90"],
-                        "unit": receipt["units"][f"{proxy}_added_ms"],
-                        "receipt": row.path,
-                    }
-                )
+            if f"{proxy}_added_ms" in receipt["summary"]:  # else the proxy does not support this dialect
+                label = f"{row.name.removeprefix('peers.')} · {proxy}\n{row.hardware_id}"
+                bars.append(_bar(label, row, f"{proxy}_added_ms"))
     if not bars:
         return None
     return {"title": "Added per turn over loopback (median, p10–p90)", "metric": "added",
