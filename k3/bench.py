@@ -31,6 +31,7 @@ import orjson
 from k3.app import create_app
 from k3.config import Config
 from k3.testing.fake_upstream import FakeUpstream
+from k3.upstream import Upstream
 
 DIALECTS = ("anthropic", "chat", "responses")
 ROUTES = {"anthropic": "/v1/messages", "chat": "/v1/chat/completions", "responses": "/v1/responses"}
@@ -47,14 +48,12 @@ class Samples:
 
 
 class NullProxy:
-    """The least an in-process proxy on httpx can do: read the body, make one upstream request
-    through the transport with a prepared request (as k3 does), and send the engine's status,
+    """The least an in-process proxy on httpx can do: read the body, send it upstream as k3 does
+    (the same prepared request through the same kind of transport), and send the engine's status,
     content type and bytes back untouched. No parsing, no translation."""
 
-    def __init__(self, transport: httpx.AsyncBaseTransport, url: str):
-        self._transport = transport
-        self._url = httpx.URL(url)
-        self._host = [(b"Host", self._url.netloc), (b"content-type", b"application/json")]
+    def __init__(self, upstream: Upstream):
+        self._upstream = upstream
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         body, more = b"", True
@@ -62,13 +61,12 @@ class NullProxy:
             message = await receive()
             body += message.get("body", b"")
             more = message.get("more_body", False)
-        headers = [*self._host, (b"Content-Length", str(len(body)).encode())]
-        request = httpx.Request("POST", self._url, headers=headers, stream=httpx.ByteStream(body))
-        response = await self._transport.handle_async_request(request)
+        upstream = self._upstream
+        response = await upstream.transport.handle_async_request(upstream.chat_request(body))
         try:
             content = b"".join([piece async for piece in response.stream])  # type: ignore[union-attr]
         finally:
-            await response.aclose()
+            await response.stream.aclose()  # type: ignore[union-attr]
         kind = response.headers.get("content-type", "application/json").encode()
         headers = [(b"content-type", kind), (b"content-length", str(len(content)).encode())]
         await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
@@ -128,7 +126,8 @@ async def measure_async(
 ) -> list[Samples]:
     fake = FakeUpstream()
     app = create_app(Config(upstream="http://fake/v1"), upstream_transport=httpx.ASGITransport(fake))
-    null = NullProxy(httpx.ASGITransport(fake), "http://fake/v1/chat/completions")
+    null_upstream = Upstream(Config(upstream="http://fake/v1"), httpx.ASGITransport(fake))
+    null = NullProxy(null_upstream)
     direct = httpx.AsyncClient(transport=httpx.ASGITransport(fake), base_url="http://fake")
     proxied = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://k3")
     floor = httpx.AsyncClient(transport=httpx.ASGITransport(null), base_url="http://null")
@@ -160,6 +159,7 @@ async def measure_async(
         await proxied.aclose()
         await floor.aclose()
         await app.state.k3.upstream.aclose()
+        await null_upstream.aclose()
     return results
 
 

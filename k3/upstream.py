@@ -108,7 +108,7 @@ class Chunks:
     async def __aenter__(self) -> Chunks:
         upstream = self._upstream
         try:
-            response = await upstream.transport.handle_async_request(upstream._chat_request(self._body))
+            response = await upstream.transport.handle_async_request(upstream.chat_request(self._body))
         except httpx.TransportError as exc:
             raise _transport_error(exc, upstream.chat_url) from exc
         if response.status_code >= 400:
@@ -174,7 +174,8 @@ class Upstream:
     async def aclose(self) -> None:
         await self.client.aclose()
 
-    def _chat_request(self, body: bytes) -> httpx.Request:
+    def chat_request(self, body: bytes) -> httpx.Request:
+        """The prepared POST of a chat payload, for `transport.handle_async_request`."""
         headers = [*self._headers, (b"Content-Length", str(len(body)).encode())]
         return httpx.Request(
             "POST",
@@ -187,7 +188,7 @@ class Upstream:
     async def complete(self, body: bytes) -> dict[str, Any]:
         """Non-streaming chat completion."""
         try:
-            response = await self.transport.handle_async_request(self._chat_request(body))
+            response = await self.transport.handle_async_request(self.chat_request(body))
             try:
                 content = b"".join([piece async for piece in response.stream])  # type: ignore[union-attr]
             finally:

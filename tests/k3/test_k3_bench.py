@@ -9,7 +9,9 @@ import orjson
 import pytest
 
 from k3.bench import DIALECTS, NullProxy, Samples, client_request, measure
+from k3.config import Config
 from k3.testing.fake_upstream import FakeUpstream
+from k3.upstream import Upstream
 
 
 def test_measure_returns_interleaved_samples_for_every_dialect_and_mode():
@@ -34,7 +36,7 @@ def test_client_requests_are_small_turns(dialect):
 
 async def test_null_proxy_returns_the_engine_bytes_untouched():
     fake = FakeUpstream()
-    null = NullProxy(httpx.ASGITransport(fake), "http://fake/v1/chat/completions")
+    null = NullProxy(Upstream(Config(upstream="http://fake/v1"), httpx.ASGITransport(fake)))
     payload = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     async with httpx.AsyncClient(transport=httpx.ASGITransport(null), base_url="http://null") as client:
         via_null = await client.post("/", content=orjson.dumps(payload))
