@@ -120,27 +120,39 @@ async def engine_payload(body: dict, route: str) -> dict:
     return engine.requests[-1]
 
 
+async def timed_paths(engine_base: str, proxies: dict[str, str], body: dict, route: str, iterations: int,
+                      warmup: int, headers: dict[str, str] | None = None) -> dict[str, list[float]]:  # fmt: skip
+    """Timings of one turn over loopback: straight to the engine and through each proxy (name ->
+    base URL), in an order that rotates every iteration so drift hits every path alike. -> `direct_ms`
+    and per proxy `<name>_ms`, `<name>_added_ms` (minus direct, same iteration), `<name>_events`."""
+    client_body = orjson.dumps(body)
+    engine_body = orjson.dumps(await engine_payload(body, route))
+    paths = [("direct", f"{engine_base}/chat/completions", engine_body)]
+    paths += [(name, f"{base}{route}", client_body) for name, base in proxies.items()]
+    samples: dict[str, list[float]] = {f"{name}_ms": [] for name, _, _ in paths}
+    samples |= {f"{name}_events": [] for name in proxies}
+    async with httpx.AsyncClient(timeout=60, headers=headers) as client:
+        for i in range(warmup + iterations):
+            k = i % len(paths)
+            timings = {name: await timed_post(client, url, data) for name, url, data in paths[k:] + paths[:k]}
+            if i >= warmup:
+                for name, (seconds, events) in timings.items():
+                    samples[f"{name}_ms"].append(seconds * 1e3)
+                    if name in proxies:
+                        samples[f"{name}_events"].append(events)
+    direct = samples["direct_ms"]
+    for name in proxies:
+        samples[f"{name}_added_ms"] = [p - d for p, d in zip(samples[f"{name}_ms"], direct, strict=True)]
+    return samples
+
+
 async def _paired(k3_base: str, engine_base: str, dialect: str, stream: bool, prompt: str | None,
                   iterations: int, warmup: int) -> dict[str, list[float]]:  # fmt: skip
-    """Interleaved direct/proxied timings of one (dialect, stream, prompt) case over loopback sockets."""
-    body = _request(dialect, stream, prompt)
-    client_body = orjson.dumps(body)
-    engine_body = orjson.dumps(await engine_payload(body, ROUTES[dialect]))
-    async with httpx.AsyncClient(timeout=30) as client:
-        direct_url, proxied_url = f"{engine_base}/chat/completions", f"{k3_base}{ROUTES[dialect]}"
-        samples: dict[str, list[float]] = {"direct_ms": [], "proxied_ms": [], "added_ms": [], "events": []}
-        for i in range(warmup + iterations):
-            order = [(direct_url, engine_body), (proxied_url, client_body)]
-            if i % 2:
-                order.reverse()  # alternate so drift hits both paths alike
-            timings = {url: await timed_post(client, url, payload) for url, payload in order}
-            if i >= warmup:
-                direct, (proxied, events) = timings[direct_url][0], timings[proxied_url]
-                samples["direct_ms"].append(direct * 1e3)
-                samples["proxied_ms"].append(proxied * 1e3)
-                samples["added_ms"].append((proxied - direct) * 1e3)
-                samples["events"].append(events)
-    return samples
+    """Interleaved direct/proxied timings of one (dialect, stream, prompt) case through k3."""
+    s = await timed_paths(engine_base, {"proxied": k3_base}, _request(dialect, stream, prompt), ROUTES[dialect],
+                          iterations, warmup)  # fmt: skip
+    return {"direct_ms": s["direct_ms"], "proxied_ms": s["proxied_ms"], "added_ms": s["proxied_added_ms"],
+            "events": s["proxied_events"]}  # fmt: skip
 
 
 async def _concurrent(k3_base: str, streams: int, rounds: int) -> list[float]:

@@ -29,7 +29,7 @@ import orjson
 from harness.receipt import RESULTS_DIR, write_receipt
 from k3.bench import DIALECTS, ROUTES, client_request
 from runners.processes import server_process
-from runners.proxy import engine_and_k3, engine_payload, timed_post
+from runners.proxy import engine_and_k3, timed_paths
 from runners.regenerate import regenerate
 
 PEER_KEY = "sk-local-kimi-bench-0123456789"  # the peer's master key; k3 runs without one
@@ -96,32 +96,17 @@ async def rotated(
 ) -> tuple[dict[str, list[float]], dict[str, str]]:
     """Samples of one (dialect, stream) case: direct_ms, and per proxy `<name>_ms` and
     `<name>_added_ms`; plus {proxy: its answer} for the proxies that do not support the case."""
-    body = client_request(dialect, stream)
-    client_body = orjson.dumps(body)
-    engine_body = orjson.dumps(await engine_payload(body, ROUTES[dialect]))
+    unsupported = {}
     async with httpx.AsyncClient(timeout=60, headers=headers) as client:
-        unsupported = {}
         for name, base in proxies.items():
             answer = await _supported(client, base, dialect, stream)
             if answer is not None:
                 unsupported[name] = answer
-        paths = [("direct", f"{engine_base}/chat/completions", engine_body)]
-        paths += [(name, f"{base}{ROUTES[dialect]}", client_body) for name, base in proxies.items()
-                  if name not in unsupported]  # fmt: skip
-        samples: dict[str, list[float]] = {f"{name}_ms": [] for name, _, _ in paths}
-        for i in range(warmup + iterations):
-            k = i % len(paths)
-            timings = {
-                name: (await timed_post(client, url, payload))[0]
-                for name, url, payload in paths[k:] + paths[:k]
-            }
-            if i >= warmup:
-                for name, seconds in timings.items():
-                    samples[f"{name}_ms"].append(seconds * 1e3)
-        direct = samples["direct_ms"]
-        for name, _, _ in paths[1:]:
-            samples[f"{name}_added_ms"] = [p - d for p, d in zip(samples[f"{name}_ms"], direct, strict=True)]
-    return samples, unsupported
+    timed = {name: base for name, base in proxies.items() if name not in unsupported}
+    samples = await timed_paths(
+        engine_base, timed, client_request(dialect, stream), ROUTES[dialect], iterations, warmup, headers
+    )
+    return {k: v for k, v in samples.items() if not k.endswith("_events")}, unsupported
 
 
 def _derived(samples: dict[str, list[float]], proxies: list[str]) -> tuple[dict[str, float], dict[str, str]]:
