@@ -27,12 +27,12 @@ def stop(proc: subprocess.Popen, timeout: float = 10) -> int:
 
 @contextmanager
 def server_process(
-    cmd: list[str], announces: str, *, startup_s: float = 30, env: dict[str, str] | None = None
+    cmd: list[str], announces: str, *, startup_s: float = 30, extra_env: dict[str, str] | None = None
 ):
     """A server subprocess that prints `<announces> http://...`; yields (its URL, psutil.Process)."""
     with tempfile.TemporaryFile("w+") as log:
         # Output goes to a file, not a pipe: an undrained pipe could block the server mid-benchmark.
-        env = os.environ | {"PYTHONUNBUFFERED": "1"} | (env or {})
+        env = os.environ | {"PYTHONUNBUFFERED": "1"} | (extra_env or {})
         proc = subprocess.Popen(cmd, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             deadline = time.monotonic() + startup_s

@@ -71,7 +71,7 @@ def litellm_server(engine_base: str, scratch: Path):
            "--port", str(_free_port())]  # fmt: skip
     # The bundled model-price map, not a download this machine cannot make (it only slows startup).
     env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
-    with server_process(cmd, "Uvicorn running on", startup_s=180, env=env) as (base, _):
+    with server_process(cmd, "Uvicorn running on", startup_s=180, extra_env=env) as (base, _):
         yield base, config
 
 
