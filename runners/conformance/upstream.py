@@ -234,6 +234,11 @@ class ScriptedUpstream:
                 exchange.turn = script.played
                 reply = script.replies[script.played]
                 script.played += 1
+            elif script.replies and script.replies[-1].status >= 400:
+                # Nothing follows a scripted failure but the client retrying it (opencode does, now
+                # and then, even for a 400): the same turn, the same failure.
+                exchange.turn = script.played - 1
+                reply = script.replies[-1]
             else:
                 reply = Reply(
                     text=f"k3 conformance: unexpected agent request #{script.played + 1}: "

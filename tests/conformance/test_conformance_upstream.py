@@ -136,3 +136,12 @@ def test_error_replies_models_tokenize_and_unknown_routes(engine):
     )
     assert client.get("/v2/nothing").status_code == 404
     assert [e.kind for e in upstream.exchanges] == ["agent", "models", "tokenize", "unknown"]
+
+
+def test_a_client_retrying_a_scripted_failure_gets_the_same_failure_for_the_same_turn(engine):
+    upstream, client = engine
+    upstream.play([Reply(text="engine broke", status=400)])
+    for _ in range(2):
+        failed = client.post("/v1/chat/completions", json={"messages": [], "tools": TOOLS})
+        assert failed.status_code == 400 and failed.json()["error"]["message"] == "engine broke"
+    assert [(e.kind, e.turn) for e in upstream.exchanges] == [("agent", 0), ("agent", 0)]
