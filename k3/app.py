@@ -211,29 +211,35 @@ class K3:
                 scope["path"], found.preset.name, found.reason, request.model, upstream_model,
                 request.stream, len(request.tools),
             )  # fmt: skip
-        await self._watching(
-            receive,
-            self._stream(turn, payload, memory, send)
-            if request.stream
-            else self._json(turn, payload, memory, send),
-        )
+        work = self._stream if request.stream else self._json
+        await self._watching(receive, work, turn, payload, memory, send)
 
-    async def _watching(self, receive: Receive, work: Awaitable[None]) -> None:
-        """Run `work`; if the client disconnects first, cancel it (closing the upstream request)."""
+    async def _watching(
+        self,
+        receive: Receive,
+        work: Callable[[Turn, bytes, TurnMemory, Send, Hangup], Awaitable[None]],
+        turn: Turn,
+        payload: bytes,
+        memory: TurnMemory,
+        send: Send,
+    ) -> None:
+        """Run the turn; if the client hangs up first, cancel it (closing the upstream request).
+        The turn stops the watch before its last write (a complete response is no hang-up)."""
         task = asyncio.current_task()
         assert task is not None
         hangup = Hangup(task, receive)
         self.late.add(hangup)
         try:
-            await work
+            await work(turn, payload, memory, send, hangup)
         except asyncio.CancelledError:
             if not hangup.hung_up:
                 raise
             task.uncancel()
-            self.stats.counters["disconnects"] += 1
         finally:
             self.late.discard(hangup)
             hangup.stop()
+            if hangup.hung_up:
+                self.stats.counters["disconnects"] += 1
 
     def _finish_record(
         self, turn: Turn, memory: TurnMemory, events: list[Event], translator: Translator
@@ -278,7 +284,7 @@ class K3:
         if translator.vehicle is not None:
             self.stats.saw_reasoning(turn.preset.name, translator.vehicle)
 
-    async def _json(self, turn: Turn, payload: bytes, memory: TurnMemory, send: Send) -> None:
+    async def _json(self, turn: Turn, payload: bytes, memory: TurnMemory, send: Send, hangup: Hangup) -> None:
         module = DIALECTS[turn.dialect]
         try:
             completion = await self.upstream.complete(payload)
@@ -293,10 +299,14 @@ class K3:
         except Exception as exc:
             err = exc if isinstance(exc, ProxyError) else _translation_error(exc)
             self._failed(turn, err)
+            hangup.stop()
             return await send_json(send, err.status, error_body(turn.dialect, err))
+        hangup.stop()
         await send_json(send, 200, body, [(b"x-k3-preset", turn.preset.name.encode())])
 
-    async def _stream(self, turn: Turn, payload: bytes, memory: TurnMemory, send: Send) -> None:
+    async def _stream(
+        self, turn: Turn, payload: bytes, memory: TurnMemory, send: Send, hangup: Hangup
+    ) -> None:
         self.stats.counters["streamed"] += 1
         encoder = DIALECTS[turn.dialect].Stream(turn)
         headers = [*SSE_HEADERS, (b"x-k3-preset", turn.preset.name.encode())]
@@ -321,6 +331,7 @@ class K3:
                     last += translator.finish()
                     keep(last)
                     self._record(turn, memory, seen, translator)  # before the client's last bytes
+                    hangup.stop()
                     await writer.close(b"".join([feed(e) for e in last]))
             except (ProxyError, asyncio.CancelledError):
                 raise
@@ -330,6 +341,7 @@ class K3:
             failed = True
             self._failed(turn, err)
             writer.disarm()
+            hangup.stop()
             if writer.committed:
                 await writer.close(encoder.error(err))
             else:

@@ -9,6 +9,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
+from k3.cancel import may_cancel
+
 log = logging.getLogger("k3")
 
 Scope = dict[str, Any]
@@ -136,7 +138,11 @@ class SSEWriter:
 
 class Hangup:
     """Watches for the client hanging up and then cancels the turn's task (closing the upstream
-    request with it). Started by the server's `LateStart`, so short turns never pay for it."""
+    request with it). Started by the server's `LateStart`, so short turns never pay for it.
+
+    The turn calls `stop()` before its last write: once a response is complete, the server's
+    `receive()` answers `http.disconnect` (uvicorn does), which is not a hang-up. A hang-up that
+    comes while the turn closes its engine response is noted but does not cancel (k3.cancel)."""
 
     __slots__ = ("_task", "_receive", "_watcher", "finished", "hung_up")
 
@@ -157,7 +163,8 @@ class Hangup:
             if message["type"] == "http.disconnect":
                 if not self.finished:
                     self.hung_up = True
-                    self._task.cancel()
+                    if may_cancel(self._task):
+                        self._task.cancel()
                 return
 
     def stop(self) -> None:

@@ -7,17 +7,20 @@ through with its own status and message.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import httpx
 import orjson
 
+from k3.cancel import closing
 from k3.config import Config
 from k3.errors import ProxyError
 from k3.sse import SSEDecoder
 
 _ERROR_BODY_LIMIT = 64 * 1024
+DRAIN_AFTER_DONE = 0.5  # seconds to wait for the end of a body after `[DONE]` before cutting it
 
 
 def upstream_message(status: int, raw: bytes) -> str:
@@ -98,7 +101,7 @@ class Chunks:
     carried the engine's `[DONE]` is handed out, so the caller knows that batch is the last one.
     (A class, not a generator-based context manager: this is on every streamed turn's path.)"""
 
-    __slots__ = ("_upstream", "_body", "_response", "_batches", "_reader")
+    __slots__ = ("_upstream", "_body", "_response", "_pieces", "_batches", "_reader")
 
     def __init__(self, upstream: Upstream, body: bytes):
         self._upstream = upstream
@@ -121,18 +124,37 @@ class Chunks:
             except httpx.TransportError:
                 pass  # the status is the message; a cut error body does not change it
             finally:
-                await response.stream.aclose()  # type: ignore[union-attr]
+                await closing(response.stream.aclose)  # type: ignore[union-attr]
             message = upstream_message(response.status_code, raw)
             raise ProxyError(response.status_code, message, code="upstream_error")
         self._response = response
-        self._batches = upstream._batches(response, self._reader)
+        # Closed by _close, not left to the garbage collector: an async generator abandoned at
+        # `[DONE]` is finalised by a task the loop schedules through its self-pipe.
+        self._pieces = aiter(response.stream)  # type: ignore[arg-type]
+        self._batches = upstream._batches(self._pieces, self._reader)
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
+        await closing(self._close)
+
+    async def _close(self) -> None:
         try:
+            if self._reader.done:
+                await self._drain()
             await self._batches.aclose()
         finally:
             await self._response.stream.aclose()  # type: ignore[union-attr]
+
+    async def _drain(self) -> None:
+        """Read the body's end after `[DONE]` (the chunked terminator, normally the next read), so
+        the connection goes back to the pool: a response closed unread costs the next turn a new
+        connection to the engine. An engine that keeps talking after `[DONE]` is cut off."""
+        try:
+            async with asyncio.timeout(DRAIN_AFTER_DONE):
+                async for _ in self._pieces:
+                    pass
+        except (TimeoutError, httpx.TransportError):
+            pass  # the connection is closed instead of reused; the reply is complete either way
 
     def __aiter__(self) -> AsyncGenerator[list[dict[str, Any]], None]:
         return self._batches
@@ -192,7 +214,7 @@ class Upstream:
             try:
                 content = b"".join([piece async for piece in response.stream])  # type: ignore[union-attr]
             finally:
-                await response.stream.aclose()  # type: ignore[union-attr]
+                await closing(response.stream.aclose)  # type: ignore[union-attr]
         except httpx.TransportError as exc:
             raise _transport_error(exc, self.chat_url) from exc
         if response.status_code >= 400:
@@ -211,12 +233,9 @@ class Upstream:
         return Chunks(self, body)
 
     async def _batches(
-        self, response: httpx.Response, reader: _ChunkReader
+        self, pieces: AsyncIterator[bytes], reader: _ChunkReader
     ) -> AsyncGenerator[list[dict[str, Any]], None]:
         decoder = SSEDecoder()
-        # Closed here, not left to the garbage collector: an async generator abandoned at
-        # `[DONE]` is finalised by a task the loop schedules through its self-pipe.
-        pieces = aiter(response.stream)  # type: ignore[arg-type]
         try:
             try:
                 async for raw in pieces:
@@ -234,7 +253,7 @@ class Upstream:
                     raise reader.error
             finally:
                 close = getattr(pieces, "aclose", None)
-                if close is not None:
+                if close is not None and not reader.done:  # after [DONE], Chunks drains it first
                     await close()
         except httpx.TransportError as exc:
             raise _transport_error(exc, self.chat_url) from exc
