@@ -20,6 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from harness.figure_proxy_load import draw_proxy_load, proxy_load  # noqa: E402
 from harness.hardware import REPO_ROOT  # noqa: E402
 from harness.report import load_frame, newest  # noqa: E402
 
@@ -416,6 +417,7 @@ FIGURES: list[Figure] = [
     Figure("decode_time_split", decode_time_split, draw_time_split),
     Figure("proxy_overhead", suite_medians("proxy", "added_ms"), draw_bars),
     Figure("proxy_vs_peers", proxy_vs_peers, draw_bars),
+    Figure("proxy_load", proxy_load, draw_proxy_load),
     Figure("kernel_bandwidth", kernel_bandwidth, draw_kernel_bandwidth),
     Figure("plan_weight_bytes", plan_weight_bytes, draw_plan_weight_bytes),
     Figure("quantisation_quality", quantisation_quality, draw_quantisation_quality),

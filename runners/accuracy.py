@@ -21,7 +21,7 @@ from engine.model import Checkpoint, KimiLinearForCausalLM, Tokenizer, load_mode
 from engine.quant import PLANS, make_plan
 from engine.quant.plan import PlanError
 from harness.receipt import RESULTS_DIR, write_receipt
-from runners.decode import DTYPES, positive_ints
+from runners.decode import DTYPES
 from runners.dequantized import (
     PlanApplier,
     checkpoint_source,
@@ -29,6 +29,7 @@ from runners.dequantized import (
     stored_bytes_by_class,
     synthetic_source,
 )
+from runners.options import positive_ints
 from runners.quality_metrics import (
     ForcedPass,
     common_prefix,

@@ -31,6 +31,7 @@ from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
 from harness.caps import MemoryCap
 from harness.receipt import RESULTS_DIR, write_receipt
 from runners.bandwidth import copy_bandwidth_gbs
+from runners.options import positive_ints
 from runners.regenerate import regenerate
 from runners.roofline import state_bytes_per_token, weight_bytes_per_token
 
@@ -100,17 +101,6 @@ UNITS = {
     "roofline_tok_s": "tok/s",
     "fraction_of_roofline": "fraction",
 }
-
-
-def positive_ints(text: str) -> list[int]:
-    """A click option's comma-separated positive whole numbers, or a clear BadParameter."""
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise click.BadParameter(f"expected comma-separated whole numbers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise click.BadParameter(f"expected positive whole numbers, got {text!r}")
-    return values
 
 
 @click.command("decode")

@@ -6,7 +6,8 @@ docs/METHODS.md):
 - `sockets`: k3 as a real `k3 serve` subprocess over loopback TCP, the engine on its own port; the same
   request direct and through k3, per dialect, JSON and streaming; plus the cost per streamed event
   (a long stream against a one-event stream) and the proxy's resident memory.
-- `concurrency`: N simultaneous streams through k3 over sockets: events per second.
+- `load`: 1 to 128 keep-alive clients streaming turns back to back through the same k3, after it has
+  served a thousand streams (runners.proxy_load): turns per second, latency, errors, k3's CPU per turn.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from k3.bench import DIALECTS, ROUTES, client_request
 from k3.bench import measure as measure_asgi
 from k3.config import Config
 from k3.testing.fake_upstream import FakeUpstream
+from runners import proxy_load
+from runners.options import chosen, positive_ints
 from runners.processes import server_process
 from runners.regenerate import regenerate
 
@@ -49,41 +52,54 @@ def engine_and_k3():
             yield engine, k3, k3_proc
 
 
-def _sockets_and_concurrency(
-    wanted, k3_base, engine_base, k3_proc, iterations, warmup, streams, receipt
-) -> None:
-    if "sockets" in wanted:
-        cases = [(d, s) for d in DIALECTS for s in (False, True)]
-        with click.progressbar(cases, label="loopback sockets") as bar:
-            for dialect, stream in bar:
-                samples = asyncio.run(
-                    _paired(k3_base, engine_base, dialect, stream, None, iterations, warmup)
+def _sockets(k3_base, engine_base, iterations, warmup, receipt) -> None:
+    cases = [(d, s) for d in DIALECTS for s in (False, True)]
+    with click.progressbar(cases, label="loopback sockets") as bar:
+        for dialect, stream in bar:
+            samples = asyncio.run(_paired(k3_base, engine_base, dialect, stream, None, iterations, warmup))
+            derived = {"added_median_us": statistics.median(samples["added_ms"]) * 1e3}
+            if stream:
+                # Per event: the extra added time of a long stream over a short one, per extra event.
+                long = asyncio.run(
+                    _paired(k3_base, engine_base, dialect, True, LONG_PROMPT, iterations // 3, warmup)
                 )
-                derived = {"added_median_us": statistics.median(samples["added_ms"]) * 1e3}
-                if stream:
-                    # Per event: the extra added time of a long stream over a short one, per extra event.
-                    long = asyncio.run(
-                        _paired(k3_base, engine_base, dialect, True, LONG_PROMPT, iterations // 3, warmup)
-                    )
-                    extra_events = statistics.median(long["events"]) - statistics.median(samples["events"])
-                    extra_ms = statistics.median(long["added_ms"]) - statistics.median(samples["added_ms"])
-                    derived["added_us_per_event"] = extra_ms * 1e3 / extra_events
-                samples.pop("events")
-                receipt(
+                extra_events = statistics.median(long["events"]) - statistics.median(samples["events"])
+                extra_ms = statistics.median(long["added_ms"]) - statistics.median(samples["added_ms"])
+                derived["added_us_per_event"] = extra_ms * 1e3 / extra_events
+            samples.pop("events")
+            receipt(
                     f"sockets.{dialect}.{'stream' if stream else 'json'}", samples, derived,
                     {"mode": "sockets", "dialect": dialect, "stream": stream, "long_prompt_chars": len(LONG_PROMPT)},
                     "k3 serve and the scripted engine as separate processes on loopback TCP; per-event cost "
                     "from a long stream against a short one",
                 )  # fmt: skip
-    if "concurrency" in wanted:
-        click.echo(f"{streams} concurrent streams ...", err=True)
-        rates = asyncio.run(_concurrent(k3_base, streams, rounds=max(3, iterations // 50)))
-        rss = k3_proc.memory_info().rss / (1 << 20)
-        receipt(
-            f"concurrency.anthropic.stream.x{streams}", {"events_per_s": rates, "rss_mib": [rss]}, {},
-            {"mode": "concurrency", "streams": streams, "long_prompt_chars": len(LONG_PROMPT)},
-            "events/s through k3 with simultaneous streams; RSS of the k3 process after the run",
-        )  # fmt: skip
+
+
+def load_sweep(k3_base, k3_proc, clients, kinds, seconds, warm_streams, receipt) -> dict:
+    """Every (client kind, number of clients) level through one k3 that first served `warm_streams`
+    turns; -> {(kind, clients): Level}. Writes one receipt per level."""
+    click.echo(f"warming k3 up with {warm_streams} streamed turns ...", err=True)
+    try:
+        served = proxy_load.warm(k3_base, warm_streams, k3_proc)
+    except proxy_load.StoppedServing as exc:
+        raise click.ClickException(str(exc)) from None
+    levels = {}
+    with click.progressbar([(k, n) for k in kinds for n in clients], label="load levels") as bar:
+        for kind, n in bar:
+            level = levels[kind, n] = proxy_load.measure_level(kind, k3_base, n, seconds, k3_proc)
+            rss = k3_proc.memory_info().rss / (1 << 20)
+            served += level.completed
+            receipt(
+                f"load.anthropic.stream.{kind}.c{n}",
+                {"latency_ms": level.latencies_ms or [float("nan")], "turns_per_s": level.per_second,
+                 "rss_mib": [rss]},
+                level.derived() | {"served_before": float(served - level.completed)},
+                {"mode": "load", "client": kind, "clients": n, "seconds": seconds, "deltas_per_turn": 64},
+                f"{n} keep-alive {kind} clients streaming Anthropic turns back to back for {seconds:g} s; "
+                "turns_per_s samples are whole seconds; k3_cpu_ms_per_turn is k3's process CPU over the "
+                "window per completed turn",
+            )  # fmt: skip
+    return levels
 
 
 async def timed_post(client: httpx.AsyncClient, url: str, body: bytes) -> tuple[float, int]:
@@ -155,25 +171,11 @@ async def _paired(k3_base: str, engine_base: str, dialect: str, stream: bool, pr
             "events": s["proxied_events"]}  # fmt: skip
 
 
-async def _concurrent(k3_base: str, streams: int, rounds: int) -> list[float]:
-    """Events per second with `streams` simultaneous long streams through k3, one sample per round."""
-    body = orjson.dumps(_request("anthropic", True, LONG_PROMPT))
-    rates = []
-    limits = httpx.Limits(max_connections=streams)
-    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
-        for _ in range(rounds + 1):
-            start = time.perf_counter()
-            results = await asyncio.gather(
-                *[timed_post(client, f"{k3_base}/v1/messages", body) for _ in range(streams)]
-            )
-            elapsed = time.perf_counter() - start
-            rates.append(sum(events for _, events in results) / elapsed)
-    return rates[1:]  # the first round warms connections up
-
-
 UNITS = {"direct_ms": "ms", "proxied_ms": "ms", "added_ms": "ms", "floor_ms": "ms", "hop_added_ms": "ms",
          "own_ms": "ms", "hop_added_median_us": "µs", "own_median_us": "µs", "events": "events", "rss_mib": "MiB",
-         "events_per_s": "events/s", "added_us_per_event": "µs", "added_median_us": "µs"}  # fmt: skip
+         "added_us_per_event": "µs", "added_median_us": "µs", "latency_ms": "ms", "turns_per_s": "turns/s",
+         "latency_p50_ms": "ms", "latency_p99_ms": "ms", "errors": "turns", "k3_cpu_ms_per_turn": "ms",
+         "k3_cores_busy": "cores", "served_before": "turns"}  # fmt: skip
 
 
 @click.command("proxy")
@@ -186,21 +188,46 @@ UNITS = {"direct_ms": "ms", "proxied_ms": "ms", "added_ms": "ms", "floor_ms": "m
 )
 @click.option("--warmup", type=click.IntRange(0), default=30, show_default=True)
 @click.option(
-    "--streams",
-    type=click.IntRange(1),
-    default=8,
+    "--clients",
+    default="1,4,8,32,64,128",
     show_default=True,
-    help="Simultaneous streams for the concurrency measurement.",
+    help="Load levels: numbers of keep-alive clients streaming turns back to back (comma list).",
 )
-@click.option("--modes", default="asgi,sockets,concurrency", show_default=True)
+@click.option(
+    "--load-clients",
+    default="raw,httpx",
+    show_default=True,
+    help="Client kinds for the load levels: raw (hand-written HTTP/1.1 on sockets) and/or httpx.",
+)
+@click.option(
+    "--load-seconds",
+    type=click.FloatRange(1),
+    default=10.0,
+    show_default=True,
+    help="Seconds per load level.",
+)
+@click.option(
+    "--warm-streams",
+    type=click.IntRange(0),
+    default=1000,
+    show_default=True,
+    help="Streamed turns k3 serves before the first load level (leaks build up over turns).",
+)
+@click.option(
+    "--modes",
+    default="asgi,sockets,load",
+    show_default=True,
+    help="asgi (in process), sockets (k3 serve over loopback), load (the concurrency sweep).",
+)
 @click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
-def proxy_command(iterations, warmup, streams, modes, results, no_regenerate) -> None:  # fmt: skip
-    """Latency k3 adds per request and per event, for each dialect, JSON and streaming, as receipts."""
-    wanted = {m.strip() for m in modes.split(",") if m.strip()}
-    unknown = wanted - {"asgi", "sockets", "concurrency"}
-    if unknown:
-        raise click.BadParameter(f"unknown mode(s): {', '.join(sorted(unknown))}", param_hint="--modes")
+def proxy_command(iterations, warmup, clients, load_clients, load_seconds, warm_streams, modes, results,
+                  no_regenerate) -> list[Path]:  # fmt: skip
+    """Latency k3 adds per request and per event, for each dialect, JSON and streaming, and the load k3
+    holds with 1 to 128 streaming clients, as receipts."""
+    wanted = set(chosen(modes, ("asgi", "sockets", "load"), "--modes"))
+    levels = positive_ints(clients)
+    kinds = chosen(load_clients, tuple(proxy_load.CLIENT_KINDS), "--load-clients")
     config = {"iterations": iterations, "warmup": warmup}
     written = []
 
@@ -229,15 +256,28 @@ def proxy_command(iterations, warmup, streams, modes, results, no_regenerate) ->
                 "direct (the extra in-process httpx hop alone), own = proxied − null proxy, per interleaved "
                 "triple",
             )  # fmt: skip
-    if wanted & {"sockets", "concurrency"}:
+    if wanted & {"sockets", "load"}:
         with engine_and_k3() as (engine_base, k3_base, k3_proc):
-            _sockets_and_concurrency(
-                wanted, k3_base, engine_base, k3_proc, iterations, warmup, streams, receipt
-            )
+            if "sockets" in wanted:
+                _sockets(k3_base, engine_base, iterations, warmup, receipt)
+            if "load" in wanted:
+                swept = load_sweep(k3_base, k3_proc, levels, kinds, load_seconds, warm_streams, receipt)
+                _print_sweep(swept)
     for path in written:
         click.echo(f"wrote {path}")
     if not no_regenerate:
         regenerate(results)
+    return written
+
+
+def _print_sweep(levels: dict) -> None:
+    click.echo("client  clients  turns/s  p50 ms  p99 ms  errors  k3 ms CPU/turn  k3 cores")
+    for (kind, n), level in levels.items():
+        d = level.derived()
+        click.echo(
+            f"{kind:6}  {n:7}  {d['turns_per_s']:7.1f}  {d['latency_p50_ms']:6.1f}  {d['latency_p99_ms']:6.1f}"
+            f"  {level.errors:6}  {d['k3_cpu_ms_per_turn']:14.2f}  {d['k3_cores_busy']:8.2f}"
+        )
 
 
 GATED = ("asgi.anthropic.json", "asgi.anthropic.stream", "asgi.responses.stream", "sockets.anthropic.json")
@@ -259,7 +299,26 @@ GATED = ("asgi.anthropic.json", "asgi.anthropic.stream", "asgi.responses.stream"
     help="Allowed growth of the loopback-socket median added latency, in percent: scheduling noise on a "
     "loaded 2-core machine moves it far more than the in-process figure.",
 )
-@click.option("--iterations", type=click.IntRange(2), default=300, show_default=True)
+@click.option(
+    "--iterations", type=click.IntRange(2), default=300, show_default=True, help="Timed requests per case."
+)
+@click.option(
+    "--load-floor",
+    type=float,
+    default=0.9,
+    show_default=True,
+    help="Fail when turns/s with 32 streaming clients fall below this fraction of turns/s with 4, "
+    "measured in the same run on a k3 that first served --warm-streams turns.",
+)
+@click.option(
+    "--load-seconds",
+    type=click.FloatRange(0.5),
+    default=3.0,
+    show_default=True,
+    help="Seconds per load round.",
+)
+@click.option("--warm-streams", type=click.IntRange(0), default=1000, show_default=True,
+              help="Streamed turns k3 serves before the load rounds.")  # fmt: skip
 @click.option(
     "--results",
     type=click.Path(path_type=Path),
@@ -267,8 +326,40 @@ GATED = ("asgi.anthropic.json", "asgi.anthropic.stream", "asgi.responses.stream"
     show_default=True,
     help="Where the committed baseline receipts are.",
 )
-def proxy_gate_command(max_regression, max_regression_sockets, iterations, results) -> None:  # fmt: skip
-    """CI gate: measure k3's added latency briefly and fail if it regressed against the committed receipts."""
+def proxy_gate_command(max_regression, max_regression_sockets, iterations, load_floor, load_seconds,
+                       warm_streams, results) -> None:  # fmt: skip
+    """CI gate: k3 must hold load (32 clients against 4, same run), and its added latency must not have
+    regressed against the committed receipts."""
+    load_ok = _load_gate(load_floor, load_seconds, warm_streams)
+    latency_failed = _latency_gate(max_regression, max_regression_sockets, iterations, results)
+    if not load_ok or latency_failed:
+        what = (["load collapsed with 32 clients"] if not load_ok else []) + latency_failed
+        raise click.ClickException(f"proxy gate failed: {'; '.join(what)}")
+
+
+def _load_gate(floor: float, seconds: float, warm_streams: int) -> bool:
+    """Turns/s at 32 raw clients against 4, rounds alternated 4, 32, 4, 32 (medians of two)."""
+    with engine_and_k3() as (_, k3_base, k3_proc):
+        try:
+            proxy_load.warm(k3_base, warm_streams, k3_proc)
+        except proxy_load.StoppedServing as exc:
+            click.echo(f"load: {exc} — COLLAPSED")
+            return False
+        rates: dict[int, list[float]] = {4: [], 32: []}
+        for n in (4, 32, 4, 32):
+            level = proxy_load.measure_level("raw", k3_base, n, seconds, k3_proc)
+            rates[n].append(0.0 if level.errors else level.completed / seconds)
+    ratio = statistics.median(rates[32]) / max(1e-9, statistics.median(rates[4]))
+    ok = ratio >= floor
+    click.echo(
+        f"load: {statistics.median(rates[4]):.1f} turns/s with 4 clients, {statistics.median(rates[32]):.1f} "
+        f"with 32: ratio {ratio:.2f}, floor {floor:g} — {'ok' if ok else 'COLLAPSED'}"
+    )
+    return ok
+
+
+def _latency_gate(max_regression, max_regression_sockets, iterations, results) -> list[str]:  # fmt: skip
+    """The added latency of the gated cases against the committed receipts; -> the regressed ones."""
     from harness.cli import regression_pct
     from harness.hardware import describe
     from harness.receipt import load_receipt
@@ -283,11 +374,11 @@ def proxy_gate_command(max_regression, max_regression_sockets, iterations, resul
             pass
     if not baselines:
         click.echo(f"proxy gate: no committed proxy receipts for {hardware_id}; nothing to compare against")
-        return
+        return []
     with tempfile.TemporaryDirectory() as scratch:
         ctx = click.get_current_context()
-        ctx.invoke(proxy_command, iterations=iterations, warmup=30, streams=2, modes="asgi,sockets",
-                   results=Path(scratch), no_regenerate=True)  # fmt: skip
+        ctx.invoke(proxy_command, iterations=iterations, warmup=30, modes="asgi,sockets", results=Path(scratch),
+                   no_regenerate=True)  # fmt: skip
         fresh = {r["name"]: r for r in map(load_receipt, Path(scratch).glob("proxy/*/*.json"))}
     failed = []
     for name, base in baselines.items():
@@ -299,6 +390,5 @@ def proxy_gate_command(max_regression, max_regression_sockets, iterations, resul
             f"{name}: baseline {old:.1f} µs, now {new:.1f} µs, ratio {ratio:.2f}, allowed +{allowed:g}% — {verdict}"
         )
         if regression > allowed:
-            failed.append(name)
-    if failed:
-        raise click.ClickException(f"proxy overhead regressed beyond its allowance: {', '.join(failed)}")
+            failed.append(f"{name} regressed")
+    return failed

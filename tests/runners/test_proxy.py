@@ -7,8 +7,8 @@ from runners.cli import main
 def test_proxy_runner_writes_receipts_for_every_mode(tmp_path):
     result = CliRunner().invoke(
         main,
-        ["proxy", "--iterations", "6", "--warmup", "1", "--streams", "2", "--results", str(tmp_path),
-         "--no-regenerate"],
+        ["proxy", "--iterations", "6", "--warmup", "1", "--clients", "1,3", "--load-seconds", "1",
+         "--warm-streams", "20", "--results", str(tmp_path), "--no-regenerate"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     receipts = {r["name"]: r for r in map(load_receipt, receipt_paths(tmp_path))}
@@ -20,10 +20,16 @@ def test_proxy_runner_writes_receipts_for_every_mode(tmp_path):
                 assert all(d > 0 for d in r["samples"]["direct_ms"])
                 if mode == "sockets" and kind == "stream":
                     assert "added_us_per_event" in r["derived"]
-    (concurrency,) = receipts.values()
-    assert concurrency["config"]["streams"] == 2
-    assert concurrency["summary"]["rss_mib"]["median"] > 10
-    assert all(rate > 0 for rate in concurrency["samples"]["events_per_s"])
+    for kind in ("raw", "httpx"):
+        for clients in (1, 3):
+            r = receipts.pop(f"load.anthropic.stream.{kind}.c{clients}")
+            assert r["config"]["clients"] == clients and r["config"]["client"] == kind
+            assert r["derived"]["errors"] == 0 and r["derived"]["turns_per_s"] > 0
+            assert r["derived"]["served_before"] >= 20  # the warm-up ran first, on the same k3
+            assert 0 < r["derived"]["k3_cpu_ms_per_turn"] < 1e3
+            assert r["summary"]["latency_ms"]["n"] == r["derived"]["turns_per_s"] * r["config"]["seconds"]
+            assert r["summary"]["rss_mib"]["median"] > 10
+    assert not receipts
 
 
 def test_unknown_mode_is_refused(tmp_path):
@@ -34,19 +40,32 @@ def test_unknown_mode_is_refused(tmp_path):
 def test_proxy_gate_compares_with_committed_receipts(tmp_path):
     runner = CliRunner()
     args = ["--iterations", "4", "--results", str(tmp_path)]
-    quiet = runner.invoke(main, ["proxy-gate", *args])
+    load = ["--warm-streams", "30", "--load-seconds", "0.5"]
+    quiet = runner.invoke(main, ["proxy-gate", *args, *load, "--load-floor", "0"])
     assert quiet.exit_code == 0 and "nothing to compare against" in quiet.output
     baseline = runner.invoke(
         main, ["proxy", "--modes", "asgi,sockets", "--warmup", "1", "--no-regenerate", *args]
     )
     assert baseline.exit_code == 0, baseline.output
     generous = runner.invoke(
-        main, ["proxy-gate", *args, "--max-regression", "1e6", "--max-regression-sockets", "1e6"]
-    )
+        main, ["proxy-gate", *args, *load, "--load-floor", "0", "--max-regression", "1e6",
+               "--max-regression-sockets", "1e6"]
+    )  # fmt: skip
     assert generous.exit_code == 0, generous.output
-    assert generous.output.count("— ok") == 4
+    assert generous.output.count("— ok") == 5  # the load check and the four gated cases
     # An allowance below -100% makes any measurement a regression: the gate must be able to fail.
     strict = runner.invoke(
-        main, ["proxy-gate", *args, "--max-regression", "-101", "--max-regression-sockets", "-101"]
-    )
+        main, ["proxy-gate", *args, *load, "--load-floor", "0", "--max-regression", "-101",
+               "--max-regression-sockets", "-101"]
+    )  # fmt: skip
     assert strict.exit_code != 0 and "REGRESSED" in strict.output
+
+
+def test_proxy_gate_fails_when_k3_does_not_hold_load(tmp_path):
+    # No run reaches 1e6 times the 4-client rate with 32 clients: the load check must be able to fail.
+    result = CliRunner().invoke(
+        main, ["proxy-gate", "--iterations", "4", "--results", str(tmp_path), "--warm-streams", "30",
+               "--load-seconds", "0.5", "--load-floor", "1e6"],
+    )  # fmt: skip
+    assert result.exit_code != 0
+    assert "COLLAPSED" in result.output and "load collapsed with 32 clients" in result.output
