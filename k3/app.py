@@ -50,6 +50,7 @@ from k3.continuity import TurnMemory, open_memory
 from k3.detect import Detection, detect
 from k3.dialects import anthropic, chat, responses
 from k3.dialects.common import Turn, new_id
+from k3.engine_transport import EngineTransport
 from k3.errors import ProxyError, bad_request, error_body
 from k3.ir import Event
 from k3.pipeline import Collector, Translator, completion_to_chunk, make_text_parser
@@ -439,7 +440,10 @@ class K3:
             return await send_json(
                 send, 401, error_body("chat", ProxyError(401, "missing or invalid credentials"))
             )
-        await send_json(send, 200, orjson.dumps({**self.stats.json(), "ledger": self.memory.stats()}))
+        stats = {**self.stats.json(), "ledger": self.memory.stats()}
+        if isinstance(self.upstream.transport, EngineTransport):
+            stats["upstream_connections"] = self.upstream.transport.connections()
+        await send_json(send, 200, orjson.dumps(stats))
 
     async def root(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Claude Code probes `HEAD /` before its first request.

@@ -16,6 +16,7 @@ import orjson
 
 from k3.cancel import closing
 from k3.config import Config
+from k3.engine_transport import EngineTransport
 from k3.errors import ProxyError
 from k3.sse import SSEDecoder
 
@@ -180,8 +181,12 @@ class Upstream:
         if config.upstream_api_key:
             headers["authorization"] = f"Bearer {config.upstream_api_key}"
         timeout = httpx.Timeout(config.read_timeout, connect=config.connect_timeout)
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=60)
-        self.transport = transport or httpx.AsyncHTTPTransport(limits=limits)
+        if transport is None and self.base.startswith("http://"):
+            transport = EngineTransport()
+        elif transport is None:  # an HTTPS engine: httpx's own pool
+            limits = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=60)
+            transport = httpx.AsyncHTTPTransport(limits=limits)
+        self.transport = transport
         self.client = httpx.AsyncClient(headers=headers, timeout=timeout, transport=self.transport)
         self._chat_url = httpx.URL(self.chat_url)
         # A request built from a stream gets no automatic headers: Host comes from here.

@@ -355,13 +355,17 @@ class FakeUpstream:
 
 
 @contextmanager
-def serve_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
-    """Serve an ASGI app with uvicorn in a daemon thread on an ephemeral port; yields `http://host:port/v1`."""
+def serve_in_thread(app: Any, host: str = "127.0.0.1", timeout_keep_alive: float = 5) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn in a daemon thread on an ephemeral port; yields `http://host:port/v1`.
+    `timeout_keep_alive`: seconds before uvicorn closes an idle keep-alive connection."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # see k3/cli.py: Nagle
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="off", access_log=False))
+    config = uvicorn.Config(
+        app, log_level="error", lifespan="off", access_log=False, timeout_keep_alive=timeout_keep_alive
+    )
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

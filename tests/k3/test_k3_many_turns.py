@@ -94,10 +94,10 @@ async def test_600_streamed_turns_leave_no_engine_connection_behind(servers) -> 
     port = int(engine.rsplit(":", 1)[1].split("/")[0])
     # k3 keeps at most one idle connection per concurrent client; leaked ones would be ~600.
     assert _engine_connections(port) <= CLIENTS
-    pool = app.state.k3.upstream.transport._pool  # type: ignore[attr-defined]
-    assert all(c.is_idle() for c in pool.connections), [str(c) for c in pool.connections]
     async with httpx.AsyncClient(base_url=k3, timeout=10) as http:
-        stats = (await http.get("/k3/stats")).json()["counters"]
+        everything = (await http.get("/k3/stats")).json()
+    pool, stats = everything["upstream_connections"], everything["counters"]
+    assert pool["open"] == pool["idle"] <= CLIENTS  # none left checked out
     assert stats["streamed"] == TURNS
     assert stats["disconnects"] == 0  # a completed response is not a hang-up
 
@@ -107,9 +107,10 @@ async def test_keep_alive_connections_to_the_engine_are_reused(servers) -> None:
     fake.push(*(_slow_reply() for _ in range(20)))
     assert await _turns(k3, 20, 1) == [200] * 20
     await asyncio.sleep(0.3)
-    pool = app.state.k3.upstream.transport._pool  # type: ignore[attr-defined]
-    assert len(pool.connections) == 1  # one client, one turn at a time: one engine connection
-    assert "Request Count: 20" in str(pool.connections[0])
+    # One client, one turn at a time: one engine connection, used for all 20.
+    assert app.state.k3.upstream.transport.connections() == {"open": 1, "idle": 1}  # type: ignore[attr-defined]
+    port = int(engine.rsplit(":", 1)[1].split("/")[0])
+    assert _engine_connections(port) == 1
 
 
 async def test_every_client_cut_mid_stream_closes_its_engine_response(servers) -> None:
@@ -127,8 +128,8 @@ async def test_every_client_cut_mid_stream_closes_its_engine_response(servers) -
                     break  # the client hangs up
         assert await asyncio.to_thread(fake.disconnected.wait, 5), f"cut {n}: engine response left open"
     await asyncio.sleep(0.3)
-    pool = app.state.k3.upstream.transport._pool  # type: ignore[attr-defined]
-    assert not [c for c in pool.connections if not c.is_idle()]
+    pool = app.state.k3.upstream.transport.connections()  # type: ignore[attr-defined]
+    assert pool["open"] == pool["idle"]
     async with httpx.AsyncClient(base_url=k3, timeout=10) as http:
         stats = (await http.get("/k3/stats")).json()["counters"]
         # k3 still serves after all the cuts, and counted each of them once.
