@@ -1,1 +1,8 @@
-"""local-kimi: engine."""
+"""local-kimi's Kimi-Linear inference engine."""
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    VERSION = version("local-kimi")
+except PackageNotFoundError:  # a source tree that was never installed
+    VERSION = "unknown"

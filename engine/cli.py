@@ -10,6 +10,7 @@ from engine.synth import synth_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="local-kimi", prog_name="kimi-engine", message="%(prog)s %(version)s")
 def main() -> None:
     """Kimi-Linear inference engine: build checkpoints and artifacts, inspect kernels, serve."""
 

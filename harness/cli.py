@@ -12,6 +12,7 @@ from harness.hardware import REPO_ROOT, describe
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="local-kimi", prog_name="kimi-harness", message="%(prog)s %(version)s")
 def main() -> None:
     """Evidence tools: every number the project shows comes from a receipt these commands check."""
 

@@ -12,6 +12,9 @@ import click
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(
+    package_name="local-kimi", prog_name="python -m runners", message="%(prog)s %(version)s"
+)
 def main() -> None:
     """Benchmark runners for local-kimi; every measurement becomes a receipt under results/."""
 

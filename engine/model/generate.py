@@ -24,6 +24,8 @@ class SamplingParams:
     max_tokens: int = 256
     temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
+    top_k: int = 0  # keep the k most likely tokens; 0 keeps all
+    min_p: float = 0.0  # drop tokens below min_p times the most likely token's probability
     stop_token_ids: frozenset[int] = field(default_factory=frozenset)
     seed: int | None = None
 
@@ -34,6 +36,10 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 keeps every token), got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
         object.__setattr__(self, "stop_token_ids", frozenset(self.stop_token_ids))
 
 
@@ -51,13 +57,27 @@ class GenerationResult:
 
 
 def sample(
-    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None = None
+    logits: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None = None,
+    top_k: int = 0,
+    min_p: float = 0.0,
 ) -> torch.Tensor:
-    """logits [B, vocab] -> token ids [B]. Greedy when temperature == 0; otherwise softmax(logits / T)
-    restricted to the smallest set of tokens whose probability mass reaches top_p."""
-    if temperature == 0:
+    """logits [B, vocab] -> token ids [B]. Greedy when temperature == 0 or top_k == 1; otherwise
+    softmax(logits / T) restricted to the top_k most likely tokens (0: all), then to those with at
+    least min_p times the top probability, then to the smallest set whose mass reaches top_p (vLLM's
+    order of the three filters)."""
+    if temperature == 0 or top_k == 1:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if 0 < top_k < probs.shape[-1]:
+        kth = probs.topk(top_k, dim=-1).values[..., -1:]
+        probs = probs.masked_fill(probs < kth, 0.0)
+    if min_p > 0:
+        probs = probs.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), 0.0)
+    if top_k > 0 or min_p > 0:
+        probs = probs / probs.sum(-1, keepdim=True)
     if top_p < 1:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         mass_before = sorted_probs.cumsum(-1) - sorted_probs
@@ -95,7 +115,7 @@ def generate_stream(
     while True:
         if logits_processor is not None:
             logits = logits_processor(generated, logits[0]).unsqueeze(0)
-        token = sample(logits, params.temperature, params.top_p, generator)
+        token = sample(logits, params.temperature, params.top_p, generator, params.top_k, params.min_p)
         token_id = int(token.item())
         generated.append(token_id)
         if token_id in params.stop_token_ids:

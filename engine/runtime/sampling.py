@@ -27,4 +27,5 @@ class Sampler:
             logits = torch.stack(
                 [self.logits_processor(g, row) for g, row in zip(generated, logits, strict=True)]
             )
-        return sample(logits, self.params.temperature, self.params.top_p, self.generator)
+        p = self.params
+        return sample(logits, p.temperature, p.top_p, self.generator, p.top_k, p.min_p)

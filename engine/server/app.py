@@ -1,7 +1,9 @@
 """The OpenAI-compatible HTTP API over the scheduler (Starlette).
 
 Routes: POST /v1/chat/completions (JSON or SSE), GET /v1/models, GET /health, POST /tokenize (vLLM's
-form, {messages} or {prompt} -> {count, tokens, max_model_len}; k3's count_tokens uses it). The event
+form, {messages} or {prompt} -> {count, tokens, max_model_len}; k3's count_tokens uses it), GET /metrics
+(Prometheus) and GET /version. With an API key every route but /health, /metrics and /version needs
+`Authorization: Bearer KEY` (engine.server.observe). The event
 loop only parses, renders templates (in a worker thread) and relays events: the model runs on the
 scheduler's executor thread. A client that disconnects has its sequence cancelled and freed at once.
 Every error is OpenAI-shaped JSON; bad input is a 4xx, a full queue a 429 with Retry-After.
@@ -20,14 +22,17 @@ import orjson
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from engine import VERSION
 from engine.model import SamplingParams
 from engine.runtime import Engine, Failed, Finished, QueueFull, Scheduler, Started, Token
 from engine.runtime import Request as GenerationRequest
 from engine.server.chat_template import ChatTemplate, ChatTemplateError
+from engine.server.observe import Metrics, Observed
 from engine.server.protocol import ApiError, ChatRequest, bad_request, normalize_messages, parse_chat_request
 from engine.server.scripted import ScriptedReplies
 from engine.server.text import Delta, OutputText
@@ -114,15 +119,26 @@ def usage(prompt: int, completion: int, cached: int) -> dict:
     }
 
 
-async def outputs(events: EventStream, handle, text: OutputText, prompt_tokens: int) -> AsyncIterator:
+async def outputs(
+    events: EventStream, handle, text: OutputText, prompt_tokens: int, state: dict, started: float
+) -> AsyncIterator:
     """Text deltas, then one Outcome; raises ApiError for a failed generation. Ends early (no Outcome)
-    when the client went away."""
+    when the client went away. Token counts and token times go into `state` (the request's, for the
+    log line and /metrics); `started` is when the request arrived (perf_counter)."""
     cached = completion = 0
+    state.update(prompt_tokens=prompt_tokens, completion_tokens=0, itl_s=[])
+    last = started
     async for event in events:
         if isinstance(event, Started):
-            cached = event.cached_tokens
+            cached = state["cached_tokens"] = event.cached_tokens
         elif isinstance(event, Token):
-            completion += 1
+            now = time.perf_counter()
+            if completion == 0:
+                state["ttft_s"] = now - started
+            else:
+                state["itl_s"].append(now - last)
+            last = now
+            completion = state["completion_tokens"] = completion + 1
             delta = text.add(event.token_id)
             if delta:
                 yield delta
@@ -134,6 +150,7 @@ async def outputs(events: EventStream, handle, text: OutputText, prompt_tokens: 
             tail = text.finish()
             if tail:
                 yield tail
+            state.update(completion_tokens=event.completion_tokens, cached_tokens=event.cached_tokens)
             yield Outcome(
                 event.reason, usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens)
             )
@@ -158,8 +175,16 @@ def _context(request: Request) -> ServerContext:
 
 
 async def chat_completions(request: Request) -> Response:
+    started = time.perf_counter()
     ctx = _context(request)
     chat = parse_chat_request(await read_json(request))
+    if chat.model is not None and chat.model not in (ctx.model_name, ""):
+        raise ApiError(
+            404,
+            f"The model `{chat.model}` does not exist; this engine serves `{ctx.model_name}`",
+            param="model",
+            code="model_not_found",
+        )
     try:
         prompt_text, prompt_ids = await run_in_threadpool(ctx.encode_chat, chat.messages, chat.tools)
     except ChatTemplateError as e:
@@ -175,6 +200,8 @@ async def chat_completions(request: Request) -> Response:
         max_tokens=min(chat.max_tokens or room, room),
         temperature=chat.temperature,
         top_p=chat.top_p,
+        top_k=chat.top_k,
+        min_p=chat.min_p,
         stop_token_ids=frozenset() if chat.ignore_eos else ctx.stop_token_ids,
         seed=chat.seed,
     )
@@ -191,7 +218,7 @@ async def chat_completions(request: Request) -> Response:
             headers={"Retry-After": str(e.retry_after_s)},
         ) from None
     text = OutputText(ctx.engine.tokenizer, chat.stop, in_reasoning=prompt_text.rstrip().endswith("<think>"))
-    stream = outputs(events, handle, text, len(prompt_ids))
+    stream = outputs(events, handle, text, len(prompt_ids), request.scope["state"], started)
     watcher = asyncio.create_task(_cancel_on_disconnect(request, handle, events))
     try:
         first = await anext(stream, None)  # errors before any output get their own status code
@@ -319,6 +346,25 @@ async def health(request: Request) -> Response:
     )
 
 
+async def metrics(request: Request) -> Response:
+    ctx = _context(request)
+    text = request.app.state.metrics.render(ctx.scheduler.stats())
+    return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def version(request: Request) -> Response:
+    import torch  # already loaded by the engine
+
+    return json_response(
+        {
+            "name": "kimi-engine",
+            "version": VERSION,
+            "model": _context(request).model_name,
+            "torch": torch.__version__,
+        }
+    )
+
+
 async def tokenize(request: Request) -> Response:
     ctx = _context(request)
     body = await read_json(request)
@@ -356,8 +402,10 @@ async def _server_error(request: Request, exc: Exception) -> Response:
     return error_response(ApiError(500, f"internal error: {exc}", type="server_error"))
 
 
-def create_app(context: ServerContext) -> Starlette:
-    """The app; its lifespan starts the scheduler's executor thread and stops it on shutdown."""
+def create_app(context: ServerContext, api_key: str | None = None) -> Starlette:
+    """The app; its lifespan starts the scheduler's executor thread and stops it on shutdown.
+    `api_key`: required as a bearer token on every route but /health, /metrics and /version."""
+    observed = Metrics()
 
     @asynccontextmanager
     async def lifespan(app):
@@ -373,9 +421,13 @@ def create_app(context: ServerContext) -> Starlette:
             Route("/v1/models", models, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/version", version, methods=["GET"]),
         ],
+        middleware=[Middleware(Observed, metrics=observed, api_key=api_key)],
         exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
         lifespan=lifespan,
     )
     app.state.context = context
+    app.state.metrics = observed
     return app

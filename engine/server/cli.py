@@ -135,7 +135,17 @@ DEFAULT_GPU_CAP_GIB = 32.0
     help='TESTING ONLY: JSON list of {"match", "reply"}; a request whose last message contains `match` is forced to write `reply`.',
 )
 @click.option(
-    "--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info", show_default=True
+    "--api-key",
+    envvar="KIMI_ENGINE_API_KEY",
+    help="Require `Authorization: Bearer KEY` on every route but /health, /metrics and /version "
+    "(also read from KIMI_ENGINE_API_KEY). Give k3 the same key with `k3 serve --upstream-api-key`.",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["debug", "info", "warning", "error"]),
+    default="info",
+    show_default=True,
+    help="info logs one line per finished request (status, latency, tokens; never prompts or keys).",
 )
 def serve_command(
     weights: Path | None,
@@ -158,6 +168,7 @@ def serve_command(
     port: int,
     served_model_name: str,
     scripted_replies: Path | None,
+    api_key: str | None,
     log_level: str,
 ) -> None:
     """Serve Kimi-Linear over the OpenAI Chat Completions API (/v1/chat/completions, /v1/models,
@@ -244,11 +255,13 @@ def serve_command(
     click.echo(
         f"kimi-engine listening on http://{shown_host}:{sock.getsockname()[1]}  (OpenAI API under /v1)"
     )
+    if api_key:
+        click.echo("auth: on (Authorization: Bearer <the --api-key>)")
     sys.stdout.flush()
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(context), log_level=log_level, access_log=False, timeout_graceful_shutdown=5
+            create_app(context, api_key), log_level=log_level, access_log=False, timeout_graceful_shutdown=5
         )
     )
     try:

@@ -1,8 +1,9 @@
 """OpenAI Chat Completions requests: validation into a `ChatRequest`, and OpenAI-shaped errors.
 
 Accepted: model, messages (system | developer | user | assistant | tool; text content as a string or
-text parts), tools, tool_choice, max_tokens / max_completion_tokens, temperature, top_p, stop, seed,
-stream, stream_options.include_usage, n = 1, and vLLM's ignore_eos. Other keys are ignored (clients and
+text parts), tools, tool_choice, max_tokens / max_completion_tokens, temperature, top_p, top_k and min_p
+(vLLM's; top_k -1 or 0 keeps every token), stop, seed, stream, stream_options.include_usage, n = 1, and
+vLLM's ignore_eos. Other keys are ignored (clients and
 proxies add their own), except features this engine does not have (logprobs, non-text content,
 structured output, penalties): those are refused with a 400 rather than silently dropped.
 """
@@ -43,11 +44,14 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 
 @dataclass(frozen=True)
 class ChatRequest:
+    model: str | None
     messages: list[dict]  # normalised: content is a string, tool call arguments are JSON strings
     tools: list[dict] | None
     max_tokens: int | None
     temperature: float
     top_p: float
+    top_k: int
+    min_p: float
     stop: list[str]
     seed: int | None
     stream: bool
@@ -172,6 +176,17 @@ def parse_chat_request(body: Any) -> ChatRequest:
         top_p = 1.0
     if not (_is_number(top_p) and 0 < top_p <= 1):
         raise bad_request("top_p must be a number in (0, 1]", "top_p")
+    top_k = body.get("top_k")
+    top_k = 0 if top_k is None or top_k == -1 else top_k
+    if not (_is_int(top_k) and top_k >= 0):
+        raise bad_request("top_k must be a whole number >= 1 (or -1 / 0 for no limit)", "top_k")
+    min_p = body.get("min_p")
+    min_p = 0.0 if min_p is None else min_p
+    if not (_is_number(min_p) and 0 <= min_p <= 1):
+        raise bad_request("min_p must be a number from 0 to 1", "min_p")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad_request("model must be a string", "model")
     stop = body.get("stop")
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
     if not (isinstance(stop, list) and all(isinstance(s, str) and s for s in stop)):
@@ -189,11 +204,14 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if not isinstance(ignore_eos, bool):
         raise bad_request("ignore_eos must be a boolean", "ignore_eos")
     return ChatRequest(
+        model=model,
         messages=messages,
         tools=_tools(body.get("tools")),
         max_tokens=max_tokens,
         temperature=float(temperature),
         top_p=float(top_p),
+        top_k=top_k,
+        min_p=float(min_p),
         stop=stop,
         seed=seed,
         stream=stream,

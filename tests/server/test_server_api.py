@@ -141,6 +141,10 @@ BAD_BODIES = [
     ({"messages": _user("x"), "frequency_penalty": 0.5}, "frequency_penalty"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]}, None),
     ({"messages": _user("x"), "tools": [{"type": "function"}]}, "tools[0]"),
+    ({"messages": _user("x"), "top_k": -2}, "top_k"),
+    ({"messages": _user("x"), "top_k": 1.5}, "top_k"),
+    ({"messages": _user("x"), "min_p": 1.5}, "min_p"),
+    ({"messages": _user("x"), "model": 7}, "model"),
     ([1, 2], None),
 ]
 
@@ -167,3 +171,52 @@ def test_a_prompt_over_the_max_context_is_refused(client):
     with pytest.raises(openai.BadRequestError) as refused:
         client.chat.completions.create(model=MODEL, messages=_user("x" * 3000))
     assert refused.value.code == "context_length_exceeded" and "max context is 2048" in refused.value.message
+
+
+def test_top_k_1_samples_the_greedy_token_whatever_the_temperature(client):
+    messages = _user("Pick one")
+    greedy = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
+    for seed in (1, 2, 3):
+        topk = client.chat.completions.create(
+            model=MODEL, messages=messages, max_tokens=10, temperature=1.5, seed=seed, extra_body={"top_k": 1}
+        )
+        assert topk.choices[0].message.content == greedy.choices[0].message.content
+
+
+def test_min_p_1_keeps_only_the_most_likely_token(client):
+    messages = _user("Pick another")
+    greedy = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0)
+    reply = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=10, temperature=2, seed=5, extra_body={"min_p": 1.0}
+    )
+    assert reply.choices[0].message.content == greedy.choices[0].message.content
+
+
+def test_a_model_this_engine_does_not_serve_is_a_404_in_openai_shape(client):
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.chat.completions.create(model="gpt-4o", messages=_user("x"), max_tokens=2)
+    assert missing.value.code == "model_not_found" and "`gpt-4o` does not exist" in missing.value.message
+
+
+def test_metrics_count_requests_tokens_and_latencies(client, http):
+    def value(text: str, name: str) -> float:
+        return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name + " "))
+
+    before = http.get("/metrics").text
+    client.chat.completions.create(model=MODEL, messages=_user("Count me"), max_tokens=5, temperature=0)
+    after = http.get("/metrics")
+    assert after.headers["content-type"].startswith("text/plain; version=0.0.4")
+    text = after.text
+    assert value(text, "kimi_generation_tokens_total") - value(before, "kimi_generation_tokens_total") == 5
+    assert (
+        value(text, "kimi_time_to_first_token_seconds_count")
+        == value(before, "kimi_time_to_first_token_seconds_count") + 1
+    )
+    assert value(text, "kimi_inter_token_latency_seconds_count") >= 4  # five tokens: four gaps
+    assert 'kimi_requests_total{route="/v1/chat/completions",status="200"}' in text
+    assert "kimi_requests_waiting 0" in text
+
+
+def test_version_names_the_engine_and_the_model(http):
+    body = http.get("/version").json()
+    assert body["name"] == "kimi-engine" and body["model"] == MODEL and body["version"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import httpx
 import jinja2
 import openai
@@ -11,7 +14,7 @@ from click.testing import CliRunner
 from engine.cli import main
 from engine.model import Tokenizer
 from tests.runtime.runtime_support import ARTIFACT_CHAT_TEMPLATE, write_tiny_artifact
-from tests.server.server_support import CliProcess
+from tests.server.server_support import REPO_ROOT, CliProcess
 
 
 def test_a_context_that_cannot_fit_is_refused_at_start_up():
@@ -99,3 +102,33 @@ def test_serve_answers_over_a_socket_and_reports_memory():
     assert code in (0, -15), output  # uvicorn re-raises SIGTERM after its graceful shutdown
     assert "Application shutdown complete" in output
     assert "SYNTHETIC WEIGHTS" in output and "memory: weights" in output and "at 4096 tokens" in output
+
+
+def test_api_key_guards_every_route_but_health_metrics_and_version():
+    process = CliProcess("engine", "serve", "--synthetic", "tiny", "--port", "0", "--api-key", "sesame",
+                         "--max-context", "1024")  # fmt: skip
+    try:
+        url = process.url()
+        body = {"model": "kimi-linear", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        with httpx.Client(base_url=url, timeout=30) as http:
+            refused = http.post("/v1/chat/completions", json=body)
+            wrong = http.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer nope"})
+            ok = http.post("/v1/chat/completions", json=body, headers={"authorization": "Bearer sesame"})
+            open_routes = [http.get(path).status_code for path in ("/health", "/metrics", "/version")]
+            models = http.get("/v1/models").status_code
+    finally:
+        process.stop()
+    output = "".join(process.output)
+    assert refused.status_code == wrong.status_code == models == 401
+    assert refused.json()["error"]["code"] == "invalid_api_key"
+    assert ok.status_code == 200 and open_routes == [200, 200, 200]
+    assert "auth: on" in output and "sesame" not in output
+    # One line per finished request, with status and tokens, never the prompt.
+    assert "POST /v1/chat/completions 200" in output and "completion=2" in output
+    assert "POST /v1/chat/completions 401" in output and '"hi"' not in output
+
+
+def test_every_cli_has_a_version():
+    for args in (["engine", "--version"], ["runners", "--version"], ["harness", "--version"]):
+        result = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=REPO_ROOT)
+        assert result.returncode == 0 and result.stdout.split()[-1][0].isdigit(), (args, result)
