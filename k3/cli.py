@@ -178,6 +178,13 @@ small_model_option = click.option(
     "--max-body-mb", default=64.0, show_default=True, type=float, help="Largest client body (413 above)."
 )
 @click.option(
+    "--max-sse-line-mb",
+    default=8.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Longest line of the engine's SSE stream; a longer one ends the turn with an error event.",
+)
+@click.option(
     "--keepalive",
     default=15.0,
     show_default=True,
@@ -210,6 +217,7 @@ def serve(
     connect_timeout: float,
     read_timeout: float,
     max_body_mb: float,
+    max_sse_line_mb: float,
     keepalive: float,
     log_level: str,
 ) -> None:
@@ -236,6 +244,7 @@ def serve(
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             max_body_bytes=int(max_body_mb * 1024 * 1024),
+            max_sse_line_bytes=max(1, int(max_sse_line_mb * 1024 * 1024)),
             keepalive_interval=keepalive,
         )
     except ValueError as exc:

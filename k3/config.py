@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from k3.sse import DEFAULT_MAX_LINE
 from k3.tools.registry import PARSER_NAMES
 
 DEFAULT_UPSTREAM = "http://127.0.0.1:8000/v1"
@@ -33,6 +34,7 @@ class Config:
     connect_timeout: float = 10.0
     read_timeout: float = 600.0
     max_body_bytes: int = 64 * 1024 * 1024
+    max_sse_line_bytes: int = DEFAULT_MAX_LINE  # longest upstream SSE line; longer ends the turn (502)
     keepalive_interval: float = 15.0  # seconds of upstream silence before a keep-alive frame
 
     def __post_init__(self) -> None:
@@ -51,7 +53,7 @@ class Config:
         for name in ("connect_timeout", "read_timeout", "keepalive_interval", "ledger_ttl"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-        for name in ("max_body_bytes", "ledger_max_entries", "ledger_max_bytes"):
+        for name in ("max_body_bytes", "max_sse_line_bytes", "ledger_max_entries", "ledger_max_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
 

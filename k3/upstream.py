@@ -15,7 +15,7 @@ import orjson
 
 from k3.config import Config
 from k3.errors import ProxyError
-from k3.sse import SSEDecoder
+from k3.sse import LineTooLong, SSEDecoder
 
 _ERROR_BODY_LIMIT = 64 * 1024
 
@@ -47,6 +47,15 @@ def _transport_error(exc: Exception, url: str) -> ProxyError:
     )
 
 
+def _protocol_error(message: str) -> ProxyError:
+    return ProxyError(502, message, code="upstream_protocol")
+
+
+def _excerpt(data: bytes, limit: int = 120) -> str:
+    text = data[:limit].decode("utf-8", "replace")
+    return repr(text + ("..." if len(data) > limit else ""))
+
+
 def _stream_error(chunk: dict[str, Any]) -> ProxyError:
     """An `{"error": ...}` object sent inside the SSE stream (vLLM does this on failures)."""
     error = chunk["error"]
@@ -57,7 +66,9 @@ def _stream_error(chunk: dict[str, Any]) -> ProxyError:
 
 
 class _ChunkReader:
-    """SSE payloads -> chunk objects; notes `[DONE]`, an error chunk, and whether a finish_reason was seen."""
+    """SSE payloads -> chunk objects; notes `[DONE]`, whether a finish_reason was seen, and the
+    error that ends the stream: an error chunk, a payload that is not a JSON object, or `[DONE]`
+    before any finish_reason (each raised after the chunks before it are passed on)."""
 
     __slots__ = ("done", "finished", "error")
 
@@ -70,14 +81,20 @@ class _ChunkReader:
         batch = []
         for data in payloads:
             if data == b"[DONE]":
-                self.done = True
+                if self.finished:
+                    self.done = True
+                else:  # the engine stopped without saying why: not a normal end
+                    self.error = _protocol_error("upstream ended the stream ([DONE]) without a finish_reason")
                 break
             try:
                 chunk = orjson.loads(data)
             except orjson.JSONDecodeError:
-                continue  # engines occasionally emit non-JSON notices; nothing to translate
-            if not isinstance(chunk, dict):
-                continue
+                chunk = None
+            if not isinstance(chunk, dict):  # a cut or garbled chunk: part of the reply is lost
+                self.error = _protocol_error(
+                    f"upstream sent an SSE event that is not a JSON object: {_excerpt(data)}"
+                )
+                break
             if "error" in chunk and not chunk.get("choices"):
                 self.error = _stream_error(chunk)  # raised after the chunks before it are passed on
                 break
@@ -153,6 +170,7 @@ class Upstream:
 
     def __init__(self, config: Config, transport: httpx.AsyncBaseTransport | None = None):
         self.base = config.upstream_base
+        self.max_sse_line = config.max_sse_line_bytes
         self.chat_url = self.base + "/chat/completions"
         headers = {"content-type": "application/json"}
         if config.upstream_api_key:
@@ -201,9 +219,9 @@ class Upstream:
         try:
             completion = orjson.loads(content)
         except orjson.JSONDecodeError:
-            raise ProxyError(502, "upstream sent a body that is not JSON", code="upstream_protocol") from None
+            raise _protocol_error("upstream sent a body that is not JSON") from None
         if not isinstance(completion, dict):
-            raise ProxyError(502, "upstream sent JSON that is not an object", code="upstream_protocol")
+            raise _protocol_error("upstream sent JSON that is not an object")
         return completion
 
     def stream(self, body: bytes) -> Chunks:
@@ -213,7 +231,7 @@ class Upstream:
     async def _batches(
         self, response: httpx.Response, reader: _ChunkReader
     ) -> AsyncGenerator[list[dict[str, Any]], None]:
-        decoder = SSEDecoder()
+        decoder = SSEDecoder(self.max_sse_line)
         # Closed here, not left to the garbage collector: an async generator abandoned at
         # `[DONE]` is finalised by a task the loop schedules through its self-pipe.
         pieces = aiter(response.stream)  # type: ignore[arg-type]
@@ -238,10 +256,12 @@ class Upstream:
                     await close()
         except httpx.TransportError as exc:
             raise _transport_error(exc, self.chat_url) from exc
+        except LineTooLong as exc:
+            raise _protocol_error(
+                f"upstream sent an SSE line over the {exc.limit}-byte limit (k3 serve --max-sse-line-mb)"
+            ) from None
         if not (reader.done or reader.finished):
-            raise ProxyError(
-                502, "upstream stream ended before the completion finished", code="upstream_protocol"
-            )
+            raise _protocol_error("upstream stream ended before the completion finished")
 
     async def models(self) -> list[str]:
         """GET /models: the engine's model ids (for doctor and /health)."""
@@ -260,9 +280,7 @@ class Upstream:
             data = orjson.loads(response.content).get("data", [])
             return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
         except (orjson.JSONDecodeError, AttributeError, TypeError):
-            raise ProxyError(
-                502, "upstream /models is not an OpenAI model list", code="upstream_protocol"
-            ) from None
+            raise _protocol_error("upstream /models is not an OpenAI model list") from None
 
     async def count_tokens(self, payload: dict[str, Any]) -> int | None:
         """Exact prompt tokens from the engine's tokenizer endpoint, or None when it has none.

@@ -1,0 +1,150 @@
+"""Faults reported in the client's own dialect: nothing bad from the engine passes as a success.
+
+The upstream's SSE (line cap, linear decoding, bad JSON, a missing finish_reason), its 429s,
+deep client JSON, credentials in --upstream, and SIGTERM during a stream.
+"""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from k3_helpers import sse_frames
+
+from k3.sse import LineTooLong, SSEDecoder
+from k3.testing.fake_upstream import Reply
+
+ROUTES = {"anthropic": "/v1/messages", "chat": "/v1/chat/completions", "responses": "/v1/responses"}
+BODIES = {
+    "anthropic": {
+        "model": "claude-sonnet-4-6",
+        "max_tokens": 64,
+        "messages": [{"role": "user", "content": "hi"}],
+    },
+    "chat": {"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]},
+    "responses": {"model": "gpt-5", "input": "hi"},
+}
+DIALECTS = list(ROUTES)
+
+
+def body_for(dialect: str, stream: bool = False, **extra: object) -> dict:
+    return {**BODIES[dialect], "stream": stream, **extra}
+
+
+def chunk(delta: dict, finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return (
+        b"data: "
+        + orjson.dumps({"id": "c", "object": "chat.completion.chunk", "choices": [choice]})
+        + b"\n\n"
+    )
+
+
+FIRST = chunk({"role": "assistant", "content": "partial "})
+FINISH = chunk({}, "stop") + b"data: [DONE]\n\n"
+
+
+def error_ending(dialect: str, text: str) -> str:
+    """The message of the error event a stream ends with; fails if it reports success anywhere."""
+    frames = [f for f in sse_frames(text) if f[0] != ":"]
+    names = [name for name, _ in frames]
+    if dialect == "anthropic":
+        assert names[-1] == "error" and "message_stop" not in names and "message_delta" not in names
+        return frames[-1][1]["error"]["message"]
+    if dialect == "chat":
+        assert frames[-1] == (None, "[DONE]") and "error" in frames[-2][1]
+        finishes = [c["finish_reason"] for _, c in frames[:-2] for c in c.get("choices", [])]
+        assert not any(finishes), "a finish chunk before the error"
+        return frames[-2][1]["error"]["message"]
+    assert names[-2:] == ["error", "response.failed"]
+    assert "response.completed" not in names and "response.incomplete" not in names
+    return frames[-1][1]["response"]["error"]["message"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The SSE decoder: linear work, a line cap
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        b"data: " + b"x" * (1 << 20) + b"\n\n",  # one long line: the engines' shape
+        b"".join(b"data: " + b"y" * 4000 + b"\r\n" for _ in range(256)) + b"\r\n",  # many lines, CRLF
+    ],
+    ids=["one-line", "multi-line-crlf"],
+)
+@pytest.mark.parametrize("piece", [1000, 4096])
+def test_sse_decoder_work_is_linear_in_a_long_event_fed_in_small_pieces(event, piece):
+    decoder = SSEDecoder(max_line=2 << 20)
+    out = []
+    for i in range(0, len(event), piece):
+        out += decoder.feed(event[i : i + piece])
+    assert len(out) == 1 and len(out[0]) > 1 << 20 - 1
+    # Each byte reaches the splitter a bounded number of times: re-splitting the whole buffer on
+    # every read (the old decoder) hands it len(event) ** 2 / (2 * piece) bytes, ~500x more here.
+    assert decoder.scanned <= 2 * len(event) + piece
+
+
+def test_sse_decoder_caps_the_line_length_however_the_line_arrives():
+    for pieces in (
+        [b"data: " + b"x" * 200],
+        [b"data: ", *[b"x" * 10] * 20],
+        [b"data: " + b"x" * 200 + b"\n\n"],
+    ):
+        decoder = SSEDecoder(max_line=100)
+        with pytest.raises(LineTooLong):
+            for piece in pieces:
+                decoder.feed(piece)
+    decoder = SSEDecoder(max_line=100)
+    assert decoder.feed(b"data: " + b"x" * 94 + b"\n\n") == [b"x" * 94]  # 100 bytes: at the cap
+    assert SSEDecoder().max_line >= 4 << 20  # the default is far above any real chunk
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+async def test_an_sse_line_over_the_cap_ends_the_stream_with_an_error_event(
+    make_streaming_client, live, dialect
+):
+    fake, _ = live
+    line = [b"data: ", *[b"x" * 256] * 20]  # read by read, as a real socket delivers it
+    fake.push(Reply(raw=[FIRST, *line, b"\n\n", FINISH], delay=0.005))
+    client = make_streaming_client(max_sse_line_bytes=1024)
+    response = await client.post(ROUTES[dialect], json=body_for(dialect, True))
+    assert response.status_code == 200
+    assert "1024-byte limit" in error_ending(dialect, response.text)
+    # Before the first event, the same fault is a plain 502 in the dialect.
+    fake.push(Reply(raw=[b"data: " + b"x" * 5000 + b"\n\n", FINISH]))
+    response = await client.post(ROUTES[dialect], json=body_for(dialect, True))
+    assert response.status_code == 502 and "1024-byte limit" in response.text
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad upstream data is an error, not a shorter success
+
+CUT = chunk({"content": "lost half"})[:20] + b"\n\n"  # a chunk cut in half
+BAD_STREAMS = {
+    "garbage": ([FIRST, b"data: garbage\n\n", FINISH], "not a JSON object"),
+    "cut-chunk": ([FIRST, CUT, FINISH], "not a JSON object"),
+    "not-an-object": ([FIRST, b"data: [1, 2]\n\n", FINISH], "not a JSON object"),
+    "done-without-finish": ([FIRST, b"data: [DONE]\n\n"], "without a finish_reason"),
+}
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("case", list(BAD_STREAMS))
+async def test_bad_upstream_sse_ends_the_stream_with_an_error_event(client, fake, dialect, case):
+    raw, message = BAD_STREAMS[case]
+    fake.push(Reply(raw=raw))
+    response = await client.post(ROUTES[dialect], json=body_for(dialect, True))
+    assert response.status_code == 200
+    assert message in error_ending(dialect, response.text)
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("raw", [b'{"choices": [{"message": {"content": "cut', b"garbage", b"[1]"])
+async def test_an_invalid_upstream_json_body_is_a_502_in_the_dialect(client, fake, dialect, raw):
+    fake.push(Reply(raw=[raw]))
+    response = await client.post(ROUTES[dialect], json=body_for(dialect))
+    assert response.status_code == 502
+    body = response.json()
+    message = body["error"]["message"]
+    assert (body.get("type") == "error") == (dialect == "anthropic")
+    assert "not JSON" in message or "not an object" in message
