@@ -59,6 +59,24 @@ from k3.upstream_request import build_payload, encode_payload, tool_to_upstream
 
 log = logging.getLogger("k3")
 
+# Nesting a client body may have: far deeper than any real request, and shallow enough that what
+# k3 echoes back inside its own envelopes (Responses' tool_choice, metadata) stays encodable.
+MAX_JSON_DEPTH = 128
+ORJSON_MAX_DEPTH = 254  # the deepest nesting orjson writes (a test pins it)
+
+
+def nests_deeper(value: Any, limit: int) -> bool:
+    """Whether `value` nests more than `limit` objects/arrays deep. orjson does the walk, in C:
+    wrapped in enough lists, `value` reaches orjson's own limit exactly when it passes `limit`."""
+    for _ in range(ORJSON_MAX_DEPTH - limit):
+        value = [value]
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:  # parsed JSON is always encodable: only the depth can fail
+        return True
+    return False
+
+
 DIALECTS: dict[str, ModuleType] = {"anthropic": anthropic, "chat": chat, "responses": responses}
 TURN_ROUTES = {"/v1/messages": "anthropic", "/v1/chat/completions": "chat", "/v1/responses": "responses"}
 
@@ -165,6 +183,9 @@ class K3:
             return {}
         if not isinstance(body, dict):
             raise bad_request(f"request body must be a JSON object, got {type(body).__name__}")
+        # Fewer brackets than the limit cannot nest past it: only bigger bodies pay for the check.
+        if raw.count(b"{") + raw.count(b"[") > MAX_JSON_DEPTH and nests_deeper(body, MAX_JSON_DEPTH):
+            raise bad_request(f"request body nests deeper than {MAX_JSON_DEPTH} levels of objects and arrays")
         return body
 
     def detect(self, dialect: str | None, headers: dict[str, str], body: dict[str, Any] | None) -> Detection:
@@ -293,7 +314,7 @@ class K3:
         except Exception as exc:
             err = exc if isinstance(exc, ProxyError) else _translation_error(exc)
             self._failed(turn, err)
-            return await send_json(send, err.status, error_body(turn.dialect, err))
+            return await send_json(send, err.status, error_body(turn.dialect, err), err.headers)
         await send_json(send, 200, body, [(b"x-k3-preset", turn.preset.name.encode())])
 
     async def _stream(self, turn: Turn, payload: bytes, memory: TurnMemory, send: Send) -> None:
@@ -333,7 +354,7 @@ class K3:
             if writer.committed:
                 await writer.close(encoder.error(err))
             else:
-                await send_json(send, err.status, error_body(turn.dialect, err))
+                await send_json(send, err.status, error_body(turn.dialect, err), err.headers)
         finally:
             self.late.discard(writer)
             writer.disarm()
@@ -395,9 +416,9 @@ class K3:
         except ProxyError as err:
             status, detail = "degraded", {"error": err.message}
         body: dict[str, Any] = {"status": status}
-        if self.authorized(headers):  # details only for callers that may see the config
+        if self._api_key is not None and self.authorized(headers):  # only for callers known to be allowed
             body.update(
-                upstream=self.config.upstream,
+                upstream=self.config.upstream_base,
                 model=self.config.model,
                 client=self.config.client or "auto",
                 **detail,

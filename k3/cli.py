@@ -18,7 +18,14 @@ from typing import Any
 import click
 
 from k3 import presets
-from k3.config import DEFAULT_MODEL, DEFAULT_UPSTREAM, REASONING_FIELDS, TOOL_PARSERS, Config
+from k3.config import (
+    DEFAULT_MODEL,
+    DEFAULT_UPSTREAM,
+    REASONING_FIELDS,
+    TOOL_PARSERS,
+    Config,
+    without_credentials,
+)
 from k3.detect import ROUTE_DIALECT, detect
 from k3.errors import ProxyError
 
@@ -57,6 +64,11 @@ def _public_base(host: str, port: int) -> str:
     if ":" in shown:
         shown = f"[{shown}]"
     return f"http://{shown}:{port}"
+
+
+def _shown_token(api_key: str | None) -> str:
+    """The client token in printed setup: never the key itself (terminals and logs get copied)."""
+    return "<your --api-key>" if api_key else "local"
 
 
 def _print_setup(names: tuple[str, ...], base: str, token: str, model: str, small_model: str | None) -> None:
@@ -281,7 +293,7 @@ def serve(
     if host not in ("127.0.0.1", "::1", "localhost") and not api_key:
         click.echo("warning: listening beyond loopback without --api-key", err=True)
     _print_setup(
-        (client,) if client else ("claude-code", "openai"), base, api_key or "local", model, small_model
+        (client,) if client else ("claude-code", "openai"), base, _shown_token(api_key), model, small_model
     )
     click.echo("\nother clients: k3 presets -v   (setup for every preset)")
     sys.stdout.flush()
@@ -419,9 +431,9 @@ def doctor(
     ok = asyncio.run(
         _doctor(Config(upstream=upstream, upstream_api_key=upstream_api_key, model=model), not no_generate)
     )
-    _print_setup(DOCTOR_CLIENTS, _public_base("127.0.0.1", port), api_key or "local", model, small_model)
+    _print_setup(DOCTOR_CLIENTS, _public_base("127.0.0.1", port), _shown_token(api_key), model, small_model)
     click.echo(
-        f"\nstart k3: k3 serve --upstream {upstream} --model {model}"
+        f"\nstart k3: k3 serve --upstream {without_credentials(upstream)} --model {model}"
         + (f" --small-model {small_model}" if small_model else "")
     )
     sys.exit(0 if ok else 1)

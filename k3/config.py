@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from k3.sse import DEFAULT_MAX_LINE
 from k3.tools.registry import PARSER_NAMES
@@ -13,6 +14,14 @@ DEFAULT_MODEL = "kimi-linear"
 TOOL_PARSERS = PARSER_NAMES  # kimi_k3, kimi, hermes, json, pythonic, passthrough
 # Where the engine carries reasoning (k3.reasoning.fields), or "auto": read from each reply.
 REASONING_FIELDS = ("reasoning_content", "reasoning", "think", "kimi_k3", "none", "auto")
+
+
+def without_credentials(url: str) -> str:
+    """`url` with any `user:password@` removed."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +68,16 @@ class Config:
 
     @property
     def upstream_base(self) -> str:
-        return self.upstream.rstrip("/")
+        """The base URL without credentials: the only form k3 uses, prints, logs or returns."""
+        return without_credentials(self.upstream).rstrip("/")
+
+    @property
+    def upstream_credentials(self) -> tuple[str, str] | None:
+        """(user, password) from a `http://user:pass@host/v1` --upstream, sent as Basic auth."""
+        parts = urlsplit(self.upstream)
+        if parts.username is None and parts.password is None:
+            return None
+        return unquote(parts.username or ""), unquote(parts.password or "")
 
     def parser_for(self, preset_parser: str) -> str:
         """The text tool parser a turn uses: the flag, else what the reasoning field needs, else the preset's."""

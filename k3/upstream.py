@@ -7,6 +7,7 @@ through with its own status and message.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -35,6 +36,22 @@ def upstream_message(status: int, raw: bytes) -> str:
                 return value
     text = raw[:2000].decode("utf-8", "replace").strip()
     return text or f"upstream returned HTTP {status} with an empty body"
+
+
+_PASSED_HEADERS = ("retry-after", "retry-after-ms")  # when to try again: the client's SDK reads them
+
+
+def _status_error(response: httpx.Response, raw: bytes) -> ProxyError:
+    """An engine 4xx/5xx with its own status and message, and its Retry-After for the client."""
+    message = upstream_message(response.status_code, raw)
+    headers = [
+        (name.encode(), response.headers[name].encode())
+        for name in _PASSED_HEADERS
+        if name in response.headers
+    ]
+    if "retry-after" in response.headers:
+        message += f" (retry after {response.headers['retry-after']})"
+    return ProxyError(response.status_code, message, code="upstream_error", headers=headers)
 
 
 def _transport_error(exc: Exception, url: str) -> ProxyError:
@@ -139,8 +156,7 @@ class Chunks:
                 pass  # the status is the message; a cut error body does not change it
             finally:
                 await response.stream.aclose()  # type: ignore[union-attr]
-            message = upstream_message(response.status_code, raw)
-            raise ProxyError(response.status_code, message, code="upstream_error")
+            raise _status_error(response, raw)
         self._response = response
         self._batches = upstream._batches(response, self._reader)
         return self
@@ -175,6 +191,9 @@ class Upstream:
         headers = {"content-type": "application/json"}
         if config.upstream_api_key:
             headers["authorization"] = f"Bearer {config.upstream_api_key}"
+        elif config.upstream_credentials is not None:
+            pair = ":".join(config.upstream_credentials).encode()
+            headers["authorization"] = "Basic " + base64.b64encode(pair).decode()
         timeout = httpx.Timeout(config.read_timeout, connect=config.connect_timeout)
         limits = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=60)
         self.transport = transport or httpx.AsyncHTTPTransport(limits=limits)
@@ -214,8 +233,7 @@ class Upstream:
         except httpx.TransportError as exc:
             raise _transport_error(exc, self.chat_url) from exc
         if response.status_code >= 400:
-            message = upstream_message(response.status_code, content)
-            raise ProxyError(response.status_code, message, code="upstream_error")
+            raise _status_error(response, content)
         try:
             completion = orjson.loads(content)
         except orjson.JSONDecodeError:
@@ -271,11 +289,7 @@ class Upstream:
         except httpx.TransportError as exc:
             raise _transport_error(exc, url) from exc
         if response.status_code >= 400:
-            raise ProxyError(
-                response.status_code,
-                upstream_message(response.status_code, response.content),
-                code="upstream_error",
-            )
+            raise _status_error(response, response.content)
         try:
             data = orjson.loads(response.content).get("data", [])
             return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]

@@ -6,10 +6,13 @@ deep client JSON, credentials in --upstream, and SIGTERM during a stream.
 
 from __future__ import annotations
 
+import httpx
 import orjson
 import pytest
 from k3_helpers import sse_frames
 
+from k3.app import MAX_JSON_DEPTH, ORJSON_MAX_DEPTH, create_app, nests_deeper
+from k3.config import Config
 from k3.sse import LineTooLong, SSEDecoder
 from k3.testing.fake_upstream import Reply
 
@@ -148,3 +151,95 @@ async def test_an_invalid_upstream_json_body_is_a_502_in_the_dialect(client, fak
     message = body["error"]["message"]
     assert (body.get("type") == "error") == (dialect == "anthropic")
     assert "not JSON" in message or "not an object" in message
+
+
+# ---------------------------------------------------------------------------------------------
+# Upstream 429: when to retry reaches the client
+
+
+@pytest.mark.parametrize("dialect", DIALECTS)
+@pytest.mark.parametrize("stream", [False, True])
+async def test_an_upstream_429_passes_its_retry_after_through(client, fake, dialect, stream):
+    fake.push(
+        Reply(status=429, error="too many requests", headers={"Retry-After": "7", "retry-after-ms": "7000"})
+    )
+    response = await client.post(ROUTES[dialect], json=body_for(dialect, stream))
+    assert response.status_code == 429
+    assert response.headers["retry-after"] == "7" and response.headers["retry-after-ms"] == "7000"
+    body = response.json()
+    error = body["error"]
+    assert error["type"] == "rate_limit_error" and (body.get("type") == "error") == (dialect == "anthropic")
+    assert error["message"] == "too many requests (retry after 7)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Deep JSON: refused before the engine is called
+
+
+def nested(depth: int) -> object:
+    """`depth` objects, one inside the other."""
+    value: object = "leaf"
+    for _ in range(depth):
+        value = {"k": value}
+    return value
+
+
+def test_orjson_writes_exactly_the_depth_k3_assumes():
+    orjson.dumps(nested(ORJSON_MAX_DEPTH))
+    with pytest.raises(orjson.JSONEncodeError):
+        orjson.dumps(nested(ORJSON_MAX_DEPTH + 1))
+    assert not nests_deeper(nested(10), 10) and nests_deeper(nested(11), 10)
+    assert not nests_deeper([[1, {"a": []}], "x"], 4) and nests_deeper([[1, {"a": []}], "x"], 3)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("dialect", "field"),
+    [
+        ("responses", "tool_choice"),
+        ("responses", "metadata"),
+        ("anthropic", "metadata"),
+        ("chat", "metadata"),
+    ],
+)
+@pytest.mark.parametrize("depth", [130, 254, 300])
+async def test_json_nested_too_deep_is_a_400_before_the_engine_is_called(
+    client, fake, dialect, field, stream, depth
+):
+    response = await client.post(ROUTES[dialect], json=body_for(dialect, stream, **{field: nested(depth)}))
+    assert response.status_code == 400 and response.headers["content-type"] == "application/json"
+    assert "nests deeper than 128" in response.json()["error"]["message"]
+    assert fake.requests == []
+
+
+async def test_json_nested_to_the_limit_is_served(client, fake):
+    # The body object is level 1; Responses echoes metadata back inside its envelope.
+    response = await client.post(
+        ROUTES["responses"], json=body_for("responses", True, metadata=nested(MAX_JSON_DEPTH - 1))
+    )
+    assert response.status_code == 200 and response.text.rstrip().endswith("}")
+    assert "response.completed" in response.text and len(fake.requests) == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Credentials in --upstream and keys: never shown
+
+
+async def test_upstream_credentials_are_sent_as_basic_auth_and_never_shown(make_client, fake):
+    client = make_client(upstream="http://alice:s3cr%40t@fake/v1", api_key="k")
+    assert (
+        await client.post(ROUTES["chat"], json=body_for("chat"), headers={"x-api-key": "k"})
+    ).status_code == 200
+    assert fake.request_headers[-1]["authorization"] == "Basic YWxpY2U6czNjckB0"  # alice:s3cr@t
+    health = await client.get("/health", headers={"x-api-key": "k"})
+    assert health.json()["upstream"] == "http://fake/v1"
+    # An unreachable upstream's error names the URL, without its credentials.
+    dead = create_app(Config(upstream="http://alice:s3cret@127.0.0.1:1/v1", connect_timeout=2))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(dead), base_url="http://k3") as http:
+        for dialect in DIALECTS:
+            for stream in (False, True):
+                response = await http.post(ROUTES[dialect], json=body_for(dialect, stream))
+                assert response.status_code == 502 and "127.0.0.1:1" in response.text
+                assert "s3cret" not in response.text and "alice" not in response.text
+        health = await http.get("/health")
+        assert health.json() == {"status": "degraded"}
