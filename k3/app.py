@@ -50,6 +50,7 @@ from k3.continuity import TurnMemory, open_memory
 from k3.detect import Detection, detect
 from k3.dialects import anthropic, chat, responses
 from k3.dialects.common import Turn, new_id
+from k3.draining import SETTLE, Drain
 from k3.errors import ProxyError, bad_request, error_body
 from k3.ir import Event
 from k3.pipeline import Collector, Translator, completion_to_chunk, make_text_parser
@@ -131,6 +132,7 @@ class K3:
         self.stats = Stats()
         self.memory = open_memory(config)
         self.late = LateStart()  # hang-up watches and keep-alive timers of long turns
+        self.drain = Drain()  # the turns in flight, for a graceful shutdown
         self._api_key = config.api_key.encode() if config.api_key else None
 
     # -- helpers --------------------------------------------------------------------------------
@@ -245,6 +247,7 @@ class K3:
         assert task is not None
         hangup = Hangup(task, receive)
         self.late.add(hangup)
+        self.drain.enter(task)
         try:
             await work
         except asyncio.CancelledError:
@@ -253,6 +256,7 @@ class K3:
             task.uncancel()
             self.stats.counters["disconnects"] += 1
         finally:
+            self.drain.leave(task)
             self.late.discard(hangup)
             hangup.stop()
 
@@ -264,6 +268,18 @@ class K3:
         except Exception:  # a parser that cannot finish: record what was already translated
             log.exception("could not finish the abandoned turn")
         self._record(turn, memory, events, translator)
+
+    def _failure(self, exc: BaseException) -> ProxyError:
+        """The error a turn ends with. A cancellation goes on up unless the shutdown sent it."""
+        if isinstance(exc, ProxyError):
+            return exc
+        if isinstance(exc, asyncio.CancelledError):
+            if not self.drain.ended(asyncio.current_task()):
+                raise exc
+            return ProxyError(
+                503, "k3 is shutting down; the turn was ended before it finished", code="shutting_down"
+            )
+        return _translation_error(exc)
 
     def _failed(self, turn: Turn, err: ProxyError) -> None:
         self.stats.counters["errors"] += 1
@@ -311,8 +327,8 @@ class K3:
                 collector.add(event)
             self._record(turn, memory, collector, translator)
             body = orjson.dumps(module.render(collector.response(), turn))
-        except Exception as exc:
-            err = exc if isinstance(exc, ProxyError) else _translation_error(exc)
+        except (Exception, asyncio.CancelledError) as exc:
+            err = self._failure(exc)
             self._failed(turn, err)
             return await send_json(send, err.status, error_body(turn.dialect, err), err.headers)
         await send_json(send, 200, body, [(b"x-k3-preset", turn.preset.name.encode())])
@@ -343,10 +359,10 @@ class K3:
                     keep(last)
                     self._record(turn, memory, seen, translator)  # before the client's last bytes
                     await writer.close(b"".join([feed(e) for e in last]))
-            except (ProxyError, asyncio.CancelledError):
+            except ProxyError:
                 raise
-            except Exception as exc:
-                raise _translation_error(exc) from exc
+            except (Exception, asyncio.CancelledError) as exc:
+                raise self._failure(exc) from exc
         except ProxyError as err:
             failed = True
             self._failed(turn, err)
@@ -526,6 +542,7 @@ def create_app(config: Config, *, upstream_transport: httpx.AsyncBaseTransport |
     @asynccontextmanager
     async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
         yield
+        await k3.drain.idle(SETTLE)  # a turn still ending may yet write the ledger: it closes last
         await k3.upstream.aclose()
         k3.memory.close()
 

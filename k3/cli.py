@@ -204,6 +204,14 @@ small_model_option = click.option(
     help="Seconds of silence before a stream keep-alive.",
 )
 @click.option(
+    "--shutdown-grace",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds a shutdown (SIGTERM, Ctrl-C) lets turns in flight finish; the rest then end with "
+    "an error event in their client's dialect.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
@@ -231,12 +239,14 @@ def serve(
     max_body_mb: float,
     max_sse_line_mb: float,
     keepalive: float,
+    shutdown_grace: float,
     log_level: str,
 ) -> None:
     """Serve the three client dialects on HOST:PORT in front of the engine at --upstream."""
     import uvicorn
 
     from k3.app import create_app
+    from k3.draining import DrainingServer
 
     try:
         config = Config(
@@ -305,14 +315,10 @@ def serve(
         app = create_app(config)
     except (OSError, ValueError, sqlite3.Error) as exc:  # an unreadable ledger or secret
         raise click.UsageError(f"cannot open the reasoning ledger: {exc}") from None
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            log_level=log_level,
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=5,
-        )
+    server = DrainingServer(
+        uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on"),
+        app.state.k3.drain,
+        shutdown_grace,
     )
     server.run(sockets=[sock])
 

@@ -6,16 +6,26 @@ deep client JSON, credentials in --upstream, and SIGTERM during a stream.
 
 from __future__ import annotations
 
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 import httpx
 import orjson
 import pytest
-from k3_helpers import sse_frames
+from k3_helpers import anthropic_stream, sse_frames
 
 from k3.app import MAX_JSON_DEPTH, ORJSON_MAX_DEPTH, create_app, nests_deeper
 from k3.config import Config
 from k3.sse import LineTooLong, SSEDecoder
 from k3.testing.fake_upstream import Reply
 
+REPO = Path(__file__).resolve().parents[2]
 ROUTES = {"anthropic": "/v1/messages", "chat": "/v1/chat/completions", "responses": "/v1/responses"}
 BODIES = {
     "anthropic": {
@@ -243,3 +253,68 @@ async def test_upstream_credentials_are_sent_as_basic_auth_and_never_shown(make_
                 assert "s3cret" not in response.text and "alice" not in response.text
         health = await http.get("/health")
         assert health.json() == {"status": "degraded"}
+
+
+# ---------------------------------------------------------------------------------------------
+# `k3 serve` as a process: SIGTERM mid-stream, and what it prints
+
+
+@contextmanager
+def k3_serve(*args: str) -> Iterator[tuple[subprocess.Popen[str], str, list[str]]]:
+    """`k3 serve --port 0 ARGS` from this checkout: (the process, its base URL, its banner lines)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    command = [sys.executable, "-m", "k3", "serve", "--port", "0", *args]
+    process = subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        banner: list[str] = []
+        while not banner or not banner[-1].startswith("k3 listening on "):
+            line = process.stdout.readline()  # type: ignore[union-attr]
+            assert line, f"k3 serve exited: {process.communicate(timeout=10)}"
+            banner.append(line.strip())
+        yield process, banner[-1].removeprefix("k3 listening on "), banner
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=10)
+
+
+async def test_sigterm_drains_streams_then_ends_the_rest_with_an_error_event(live, tmp_path):
+    fake, engine = live
+    engine = engine.replace("http://", "http://alice:s3cret@")
+    fake.push(
+        Reply(reasoning="a long think", content="x" * 400, chunk_chars=4, delay=0.05),  # ~5 s
+        Reply(reasoning="a short think", content="quick answer", chunk_chars=4, delay=0.1),  # ~0.8 s
+    )
+    ledger = tmp_path / "ledger.db"
+    args = ["--upstream", engine, "--api-key", "topsecret-key", "--ledger", str(ledger)]
+    args += ["--state-dir", str(tmp_path / "state"), "--shutdown-grace", "1.5", "--log-level", "debug"]
+    with k3_serve(*args) as (process, base, banner):
+        auth = {"x-api-key": "topsecret-key"}
+        async with httpx.AsyncClient(base_url=base, headers=auth, timeout=30) as http:
+            request = body_for("anthropic", True)
+            async with http.stream("POST", ROUTES["anthropic"], json=request) as long:
+                long_pieces = long.aiter_bytes()
+                long_text = await anext(long_pieces)  # under way
+                async with http.stream("POST", ROUTES["anthropic"], json=request) as short:
+                    short_pieces = short.aiter_bytes()
+                    short_text = await anext(short_pieces)
+                    process.send_signal(signal.SIGTERM)
+                    short_text += b"".join([piece async for piece in short_pieces])
+                long_text += b"".join([piece async for piece in long_pieces])
+        out, err = process.communicate(timeout=20)
+    assert process.returncode in (0, -signal.SIGTERM), err  # uvicorn re-raises the signal once done
+    # The short turn finished within the grace: a whole message the SDK accepts.
+    message = anthropic_stream(short_text.decode())
+    assert message.stop_reason == "end_turn" and message.content[-1].text == "quick answer"
+    # The long one was ended with an error event of its dialect, not a cut body.
+    assert "shutting down" in error_ending("anthropic", long_text.decode())
+    assert "Traceback" not in err and "ProgrammingError" not in err and "Exception in ASGI" not in err
+    # The finished turn's reasoning was written before the ledger closed; the cut one's was not.
+    with sqlite3.connect(ledger) as db:
+        assert db.execute("SELECT COUNT(*) FROM entries").fetchone() == (1,)
+    # Neither the upstream's credentials nor the client key appear in anything k3 printed.
+    printed = "\n".join(banner) + out + err
+    assert "127.0.0.1" in printed and "s3cret" not in printed and "alice" not in printed
+    assert "topsecret-key" not in printed
