@@ -6,6 +6,7 @@ deep client JSON, credentials in --upstream, and SIGTERM during a stream.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sqlite3
@@ -286,6 +287,7 @@ async def test_sigterm_drains_streams_then_ends_the_rest_with_an_error_event(liv
     fake.push(
         Reply(reasoning="a long think", content="x" * 400, chunk_chars=4, delay=0.05),  # ~5 s
         Reply(reasoning="a short think", content="quick answer", chunk_chars=4, delay=0.1),  # ~0.8 s
+        Reply(content="a slow JSON answer", delay=5.0),
     )
     ledger = tmp_path / "ledger.db"
     args = ["--upstream", engine, "--api-key", "topsecret-key", "--ledger", str(ledger)]
@@ -300,9 +302,13 @@ async def test_sigterm_drains_streams_then_ends_the_rest_with_an_error_event(liv
                 async with http.stream("POST", ROUTES["anthropic"], json=request) as short:
                     short_pieces = short.aiter_bytes()
                     short_text = await anext(short_pieces)
+                    slow = asyncio.ensure_future(http.post(ROUTES["chat"], json=body_for("chat")))
+                    while len(fake.requests) < 3:
+                        await asyncio.sleep(0.01)
                     process.send_signal(signal.SIGTERM)
                     short_text += b"".join([piece async for piece in short_pieces])
                 long_text += b"".join([piece async for piece in long_pieces])
+            slow_json = await slow
         out, err = process.communicate(timeout=20)
     assert process.returncode in (0, -signal.SIGTERM), err  # uvicorn re-raises the signal once done
     # The short turn finished within the grace: a whole message the SDK accepts.
@@ -310,6 +316,7 @@ async def test_sigterm_drains_streams_then_ends_the_rest_with_an_error_event(liv
     assert message.stop_reason == "end_turn" and message.content[-1].text == "quick answer"
     # The long one was ended with an error event of its dialect, not a cut body.
     assert "shutting down" in error_ending("anthropic", long_text.decode())
+    assert slow_json.status_code == 503 and "shutting down" in slow_json.json()["error"]["message"]
     assert "Traceback" not in err and "ProgrammingError" not in err and "Exception in ASGI" not in err
     # The finished turn's reasoning was written before the ledger closed; the cut one's was not.
     with sqlite3.connect(ledger) as db:
