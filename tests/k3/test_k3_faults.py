@@ -290,7 +290,8 @@ async def test_sigterm_drains_streams_then_ends_the_rest_with_an_error_event(liv
         Reply(content="a slow JSON answer", delay=5.0),
     )
     ledger = tmp_path / "ledger.db"
-    args = ["--upstream", engine, "--api-key", "topsecret-key", "--ledger", str(ledger)]
+    args = ["--upstream", engine, "--api-key", "topsecret-key", "--upstream-api-key", "engine-key-xyz"]
+    args += ["--ledger", str(ledger)]
     args += ["--state-dir", str(tmp_path / "state"), "--shutdown-grace", "1.5", "--log-level", "debug"]
     with k3_serve(*args) as (process, base, banner):
         auth = {"x-api-key": "topsecret-key"}
@@ -324,4 +325,4 @@ async def test_sigterm_drains_streams_then_ends_the_rest_with_an_error_event(liv
     # Neither the upstream's credentials nor the client key appear in anything k3 printed.
     printed = "\n".join(banner) + out + err
     assert "127.0.0.1" in printed and "s3cret" not in printed and "alice" not in printed
-    assert "topsecret-key" not in printed
+    assert "topsecret-key" not in printed and "engine-key-xyz" not in printed
