@@ -50,6 +50,7 @@ from k3.continuity import TurnMemory, open_memory
 from k3.detect import Detection, detect
 from k3.dialects import anthropic, chat, responses
 from k3.dialects.common import Turn, new_id
+from k3.draining import SETTLE, Drain
 from k3.engine_transport import EngineTransport
 from k3.errors import ProxyError, bad_request, error_body
 from k3.ir import Event
@@ -59,6 +60,24 @@ from k3.upstream import Upstream
 from k3.upstream_request import build_payload, encode_payload, tool_to_upstream
 
 log = logging.getLogger("k3")
+
+# Nesting a client body may have: far deeper than any real request, and shallow enough that what
+# k3 echoes back inside its own envelopes (Responses' tool_choice, metadata) stays encodable.
+MAX_JSON_DEPTH = 128
+ORJSON_MAX_DEPTH = 254  # the deepest nesting orjson writes (a test pins it)
+
+
+def nests_deeper(value: Any, limit: int) -> bool:
+    """Whether `value` nests more than `limit` objects/arrays deep. orjson does the walk, in C:
+    wrapped in enough lists, `value` reaches orjson's own limit exactly when it passes `limit`."""
+    for _ in range(ORJSON_MAX_DEPTH - limit):
+        value = [value]
+    try:
+        orjson.dumps(value)
+    except orjson.JSONEncodeError:  # parsed JSON is always encodable: only the depth can fail
+        return True
+    return False
+
 
 DIALECTS: dict[str, ModuleType] = {"anthropic": anthropic, "chat": chat, "responses": responses}
 TURN_ROUTES = {"/v1/messages": "anthropic", "/v1/chat/completions": "chat", "/v1/responses": "responses"}
@@ -114,6 +133,7 @@ class K3:
         self.stats = Stats()
         self.memory = open_memory(config)
         self.late = LateStart()  # hang-up watches and keep-alive timers of long turns
+        self.drain = Drain()  # the turns in flight, for a graceful shutdown
         self._api_key = config.api_key.encode() if config.api_key else None
 
     # -- helpers --------------------------------------------------------------------------------
@@ -166,6 +186,9 @@ class K3:
             return {}
         if not isinstance(body, dict):
             raise bad_request(f"request body must be a JSON object, got {type(body).__name__}")
+        # Fewer brackets than the limit cannot nest past it: only bigger bodies pay for the check.
+        if raw.count(b"{") + raw.count(b"[") > MAX_JSON_DEPTH and nests_deeper(body, MAX_JSON_DEPTH):
+            raise bad_request(f"request body nests deeper than {MAX_JSON_DEPTH} levels of objects and arrays")
         return body
 
     def detect(self, dialect: str | None, headers: dict[str, str], body: dict[str, Any] | None) -> Detection:
@@ -230,6 +253,7 @@ class K3:
         assert task is not None
         hangup = Hangup(task, receive)
         self.late.add(hangup)
+        self.drain.enter(task)
         try:
             await work(turn, payload, memory, send, hangup)
         except asyncio.CancelledError:
@@ -237,6 +261,7 @@ class K3:
                 raise
             task.uncancel()
         finally:
+            self.drain.leave(task)
             self.late.discard(hangup)
             hangup.stop()
             if hangup.hung_up:
@@ -250,6 +275,18 @@ class K3:
         except Exception:  # a parser that cannot finish: record what was already translated
             log.exception("could not finish the abandoned turn")
         self._record(turn, memory, events, translator)
+
+    def _failure(self, exc: BaseException) -> ProxyError:
+        """The error a turn ends with. A cancellation goes on up unless the shutdown sent it."""
+        if isinstance(exc, ProxyError):
+            return exc
+        if isinstance(exc, asyncio.CancelledError):
+            if not self.drain.ended(asyncio.current_task()):
+                raise exc
+            return ProxyError(
+                503, "k3 is shutting down; the turn was ended before it finished", code="shutting_down"
+            )
+        return _translation_error(exc)
 
     def _failed(self, turn: Turn, err: ProxyError) -> None:
         self.stats.counters["errors"] += 1
@@ -297,11 +334,11 @@ class K3:
                 collector.add(event)
             self._record(turn, memory, collector, translator)
             body = orjson.dumps(module.render(collector.response(), turn))
-        except Exception as exc:
-            err = exc if isinstance(exc, ProxyError) else _translation_error(exc)
+        except (Exception, asyncio.CancelledError) as exc:
+            err = self._failure(exc)
             self._failed(turn, err)
             hangup.stop()
-            return await send_json(send, err.status, error_body(turn.dialect, err))
+            return await send_json(send, err.status, error_body(turn.dialect, err), err.headers)
         hangup.stop()
         await send_json(send, 200, body, [(b"x-k3-preset", turn.preset.name.encode())])
 
@@ -334,10 +371,10 @@ class K3:
                     self._record(turn, memory, seen, translator)  # before the client's last bytes
                     hangup.stop()
                     await writer.close(b"".join([feed(e) for e in last]))
-            except (ProxyError, asyncio.CancelledError):
+            except ProxyError:
                 raise
-            except Exception as exc:
-                raise _translation_error(exc) from exc
+            except (Exception, asyncio.CancelledError) as exc:
+                raise self._failure(exc) from exc
         except ProxyError as err:
             failed = True
             self._failed(turn, err)
@@ -346,7 +383,7 @@ class K3:
             if writer.committed:
                 await writer.close(encoder.error(err))
             else:
-                await send_json(send, err.status, error_body(turn.dialect, err))
+                await send_json(send, err.status, error_body(turn.dialect, err), err.headers)
         finally:
             self.late.discard(writer)
             writer.disarm()
@@ -408,9 +445,9 @@ class K3:
         except ProxyError as err:
             status, detail = "degraded", {"error": err.message}
         body: dict[str, Any] = {"status": status}
-        if self.authorized(headers):  # details only for callers that may see the config
+        if self._api_key is not None and self.authorized(headers):  # only for callers known to be allowed
             body.update(
-                upstream=self.config.upstream,
+                upstream=self.config.upstream_base,
                 model=self.config.model,
                 client=self.config.client or "auto",
                 **detail,
@@ -521,6 +558,7 @@ def create_app(config: Config, *, upstream_transport: httpx.AsyncBaseTransport |
     @asynccontextmanager
     async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
         yield
+        await k3.drain.idle(SETTLE)  # a turn still ending may yet write the ledger: it closes last
         await k3.upstream.aclose()
         k3.memory.close()
 

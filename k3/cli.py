@@ -18,7 +18,14 @@ from typing import Any
 import click
 
 from k3 import presets
-from k3.config import DEFAULT_MODEL, DEFAULT_UPSTREAM, REASONING_FIELDS, TOOL_PARSERS, Config
+from k3.config import (
+    DEFAULT_MODEL,
+    DEFAULT_UPSTREAM,
+    REASONING_FIELDS,
+    TOOL_PARSERS,
+    Config,
+    without_credentials,
+)
 from k3.detect import ROUTE_DIALECT, detect
 from k3.errors import ProxyError
 
@@ -57,6 +64,11 @@ def _public_base(host: str, port: int) -> str:
     if ":" in shown:
         shown = f"[{shown}]"
     return f"http://{shown}:{port}"
+
+
+def _shown_token(api_key: str | None) -> str:
+    """The client token in printed setup: never the key itself (terminals and logs get copied)."""
+    return "<your --api-key>" if api_key else "local"
 
 
 def _print_setup(names: tuple[str, ...], base: str, token: str, model: str, small_model: str | None) -> None:
@@ -178,11 +190,26 @@ small_model_option = click.option(
     "--max-body-mb", default=64.0, show_default=True, type=float, help="Largest client body (413 above)."
 )
 @click.option(
+    "--max-sse-line-mb",
+    default=8.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Longest line of the engine's SSE stream; a longer one ends the turn with an error event.",
+)
+@click.option(
     "--keepalive",
     default=15.0,
     show_default=True,
     type=float,
     help="Seconds of silence before a stream keep-alive.",
+)
+@click.option(
+    "--shutdown-grace",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds a shutdown (SIGTERM, Ctrl-C) lets turns in flight finish; the rest then end with "
+    "an error event in their client's dialect.",
 )
 @click.option(
     "--log-level",
@@ -210,13 +237,16 @@ def serve(
     connect_timeout: float,
     read_timeout: float,
     max_body_mb: float,
+    max_sse_line_mb: float,
     keepalive: float,
+    shutdown_grace: float,
     log_level: str,
 ) -> None:
     """Serve the three client dialects on HOST:PORT in front of the engine at --upstream."""
     import uvicorn
 
     from k3.app import create_app
+    from k3.draining import DrainingServer
 
     try:
         config = Config(
@@ -236,6 +266,7 @@ def serve(
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             max_body_bytes=int(max_body_mb * 1024 * 1024),
+            max_sse_line_bytes=max(1, int(max_sse_line_mb * 1024 * 1024)),
             keepalive_interval=keepalive,
         )
     except ValueError as exc:
@@ -272,7 +303,7 @@ def serve(
     if host not in ("127.0.0.1", "::1", "localhost") and not api_key:
         click.echo("warning: listening beyond loopback without --api-key", err=True)
     _print_setup(
-        (client,) if client else ("claude-code", "openai"), base, api_key or "local", model, small_model
+        (client,) if client else ("claude-code", "openai"), base, _shown_token(api_key), model, small_model
     )
     click.echo("\nother clients: k3 presets -v   (setup for every preset)")
     sys.stdout.flush()
@@ -284,14 +315,10 @@ def serve(
         app = create_app(config)
     except (OSError, ValueError, sqlite3.Error) as exc:  # an unreadable ledger or secret
         raise click.UsageError(f"cannot open the reasoning ledger: {exc}") from None
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            log_level=log_level,
-            access_log=False,
-            lifespan="on",
-            timeout_graceful_shutdown=5,
-        )
+    server = DrainingServer(
+        uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on"),
+        app.state.k3.drain,
+        shutdown_grace,
     )
     server.run(sockets=[sock])
 
@@ -410,9 +437,9 @@ def doctor(
     ok = asyncio.run(
         _doctor(Config(upstream=upstream, upstream_api_key=upstream_api_key, model=model), not no_generate)
     )
-    _print_setup(DOCTOR_CLIENTS, _public_base("127.0.0.1", port), api_key or "local", model, small_model)
+    _print_setup(DOCTOR_CLIENTS, _public_base("127.0.0.1", port), _shown_token(api_key), model, small_model)
     click.echo(
-        f"\nstart k3: k3 serve --upstream {upstream} --model {model}"
+        f"\nstart k3: k3 serve --upstream {without_credentials(upstream)} --model {model}"
         + (f" --small-model {small_model}" if small_model else "")
     )
     sys.exit(0 if ok else 1)

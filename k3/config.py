@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit, urlunsplit
 
+from k3.sse import DEFAULT_MAX_LINE
 from k3.tools.registry import PARSER_NAMES
 
 DEFAULT_UPSTREAM = "http://127.0.0.1:8000/v1"
@@ -12,6 +14,14 @@ DEFAULT_MODEL = "kimi-linear"
 TOOL_PARSERS = PARSER_NAMES  # kimi_k3, kimi, hermes, json, pythonic, passthrough
 # Where the engine carries reasoning (k3.reasoning.fields), or "auto": read from each reply.
 REASONING_FIELDS = ("reasoning_content", "reasoning", "think", "kimi_k3", "none", "auto")
+
+
+def without_credentials(url: str) -> str:
+    """`url` with any `user:password@` removed."""
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +43,7 @@ class Config:
     connect_timeout: float = 10.0
     read_timeout: float = 600.0
     max_body_bytes: int = 64 * 1024 * 1024
+    max_sse_line_bytes: int = DEFAULT_MAX_LINE  # longest upstream SSE line; longer ends the turn (502)
     keepalive_interval: float = 15.0  # seconds of upstream silence before a keep-alive frame
 
     def __post_init__(self) -> None:
@@ -51,13 +62,22 @@ class Config:
         for name in ("connect_timeout", "read_timeout", "keepalive_interval", "ledger_ttl"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-        for name in ("max_body_bytes", "ledger_max_entries", "ledger_max_bytes"):
+        for name in ("max_body_bytes", "max_sse_line_bytes", "ledger_max_entries", "ledger_max_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
 
     @property
     def upstream_base(self) -> str:
-        return self.upstream.rstrip("/")
+        """The base URL without credentials: the only form k3 uses, prints, logs or returns."""
+        return without_credentials(self.upstream).rstrip("/")
+
+    @property
+    def upstream_credentials(self) -> tuple[str, str] | None:
+        """(user, password) from a `http://user:pass@host/v1` --upstream, sent as Basic auth."""
+        parts = urlsplit(self.upstream)
+        if parts.username is None and parts.password is None:
+            return None
+        return unquote(parts.username or ""), unquote(parts.password or "")
 
     def parser_for(self, preset_parser: str) -> str:
         """The text tool parser a turn uses: the flag, else what the reasoning field needs, else the preset's."""

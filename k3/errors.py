@@ -31,14 +31,24 @@ _OPENAI_TYPES = {
 
 
 class ProxyError(Exception):
-    """A failure with an HTTP status, a human message and an optional machine code and field."""
+    """A failure with an HTTP status, a human message, an optional machine code and field, and
+    headers for the client's response."""
 
-    def __init__(self, status: int, message: str, *, code: str | None = None, param: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        param: str | None = None,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
+        self.headers = headers or []  # response headers that go with it (an engine's Retry-After)
 
 
 def bad_request(message: str, param: str | None = None) -> ProxyError:

@@ -8,6 +8,7 @@ through with its own status and message.
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
@@ -18,7 +19,7 @@ from k3.cancel import closing
 from k3.config import Config
 from k3.engine_transport import EngineTransport
 from k3.errors import ProxyError
-from k3.sse import SSEDecoder
+from k3.sse import LineTooLong, SSEDecoder
 
 _ERROR_BODY_LIMIT = 64 * 1024
 DRAIN_AFTER_DONE = 0.5  # seconds to wait for the end of a body after `[DONE]` before cutting it
@@ -41,6 +42,22 @@ def upstream_message(status: int, raw: bytes) -> str:
     return text or f"upstream returned HTTP {status} with an empty body"
 
 
+_PASSED_HEADERS = ("retry-after", "retry-after-ms")  # when to try again: the client's SDK reads them
+
+
+def _status_error(response: httpx.Response, raw: bytes) -> ProxyError:
+    """An engine 4xx/5xx with its own status and message, and its Retry-After for the client."""
+    message = upstream_message(response.status_code, raw)
+    headers = [
+        (name.encode(), response.headers[name].encode())
+        for name in _PASSED_HEADERS
+        if name in response.headers
+    ]
+    if "retry-after" in response.headers:
+        message += f" (retry after {response.headers['retry-after']})"
+    return ProxyError(response.status_code, message, code="upstream_error", headers=headers)
+
+
 def _transport_error(exc: Exception, url: str) -> ProxyError:
     if isinstance(exc, httpx.TimeoutException):
         return ProxyError(504, f"upstream timed out ({type(exc).__name__}) at {url}", code="upstream_timeout")
@@ -49,6 +66,15 @@ def _transport_error(exc: Exception, url: str) -> ProxyError:
     return ProxyError(
         502, f"upstream connection failed at {url}: {type(exc).__name__}: {exc}", code="upstream_error"
     )
+
+
+def _protocol_error(message: str) -> ProxyError:
+    return ProxyError(502, message, code="upstream_protocol")
+
+
+def _excerpt(data: bytes, limit: int = 120) -> str:
+    text = data[:limit].decode("utf-8", "replace")
+    return repr(text + ("..." if len(data) > limit else ""))
 
 
 def _stream_error(chunk: dict[str, Any]) -> ProxyError:
@@ -61,7 +87,9 @@ def _stream_error(chunk: dict[str, Any]) -> ProxyError:
 
 
 class _ChunkReader:
-    """SSE payloads -> chunk objects; notes `[DONE]`, an error chunk, and whether a finish_reason was seen."""
+    """SSE payloads -> chunk objects; notes `[DONE]`, whether a finish_reason was seen, and the
+    error that ends the stream: an error chunk, a payload that is not a JSON object, or `[DONE]`
+    before any finish_reason (each raised after the chunks before it are passed on)."""
 
     __slots__ = ("done", "finished", "error")
 
@@ -74,14 +102,20 @@ class _ChunkReader:
         batch = []
         for data in payloads:
             if data == b"[DONE]":
-                self.done = True
+                if self.finished:
+                    self.done = True
+                else:  # the engine stopped without saying why: not a normal end
+                    self.error = _protocol_error("upstream ended the stream ([DONE]) without a finish_reason")
                 break
             try:
                 chunk = orjson.loads(data)
             except orjson.JSONDecodeError:
-                continue  # engines occasionally emit non-JSON notices; nothing to translate
-            if not isinstance(chunk, dict):
-                continue
+                chunk = None
+            if not isinstance(chunk, dict):  # a cut or garbled chunk: part of the reply is lost
+                self.error = _protocol_error(
+                    f"upstream sent an SSE event that is not a JSON object: {_excerpt(data)}"
+                )
+                break
             if "error" in chunk and not chunk.get("choices"):
                 self.error = _stream_error(chunk)  # raised after the chunks before it are passed on
                 break
@@ -126,8 +160,7 @@ class Chunks:
                 pass  # the status is the message; a cut error body does not change it
             finally:
                 await closing(response.stream.aclose)  # type: ignore[union-attr]
-            message = upstream_message(response.status_code, raw)
-            raise ProxyError(response.status_code, message, code="upstream_error")
+            raise _status_error(response, raw)
         self._response = response
         # Closed by _close, not left to the garbage collector: an async generator abandoned at
         # `[DONE]` is finalised by a task the loop schedules through its self-pipe.
@@ -176,10 +209,14 @@ class Upstream:
 
     def __init__(self, config: Config, transport: httpx.AsyncBaseTransport | None = None):
         self.base = config.upstream_base
+        self.max_sse_line = config.max_sse_line_bytes
         self.chat_url = self.base + "/chat/completions"
         headers = {"content-type": "application/json"}
         if config.upstream_api_key:
             headers["authorization"] = f"Bearer {config.upstream_api_key}"
+        elif config.upstream_credentials is not None:
+            pair = ":".join(config.upstream_credentials).encode()
+            headers["authorization"] = "Basic " + base64.b64encode(pair).decode()
         timeout = httpx.Timeout(config.read_timeout, connect=config.connect_timeout)
         if transport is None and self.base.startswith("http://"):
             transport = EngineTransport()
@@ -223,14 +260,13 @@ class Upstream:
         except httpx.TransportError as exc:
             raise _transport_error(exc, self.chat_url) from exc
         if response.status_code >= 400:
-            message = upstream_message(response.status_code, content)
-            raise ProxyError(response.status_code, message, code="upstream_error")
+            raise _status_error(response, content)
         try:
             completion = orjson.loads(content)
         except orjson.JSONDecodeError:
-            raise ProxyError(502, "upstream sent a body that is not JSON", code="upstream_protocol") from None
+            raise _protocol_error("upstream sent a body that is not JSON") from None
         if not isinstance(completion, dict):
-            raise ProxyError(502, "upstream sent JSON that is not an object", code="upstream_protocol")
+            raise _protocol_error("upstream sent JSON that is not an object")
         return completion
 
     def stream(self, body: bytes) -> Chunks:
@@ -240,7 +276,7 @@ class Upstream:
     async def _batches(
         self, pieces: AsyncIterator[bytes], reader: _ChunkReader
     ) -> AsyncGenerator[list[dict[str, Any]], None]:
-        decoder = SSEDecoder()
+        decoder = SSEDecoder(self.max_sse_line)
         try:
             try:
                 async for raw in pieces:
@@ -262,10 +298,12 @@ class Upstream:
                     await close()
         except httpx.TransportError as exc:
             raise _transport_error(exc, self.chat_url) from exc
+        except LineTooLong as exc:
+            raise _protocol_error(
+                f"upstream sent an SSE line over the {exc.limit}-byte limit (k3 serve --max-sse-line-mb)"
+            ) from None
         if not (reader.done or reader.finished):
-            raise ProxyError(
-                502, "upstream stream ended before the completion finished", code="upstream_protocol"
-            )
+            raise _protocol_error("upstream stream ended before the completion finished")
 
     async def models(self) -> list[str]:
         """GET /models: the engine's model ids (for doctor and /health)."""
@@ -275,18 +313,12 @@ class Upstream:
         except httpx.TransportError as exc:
             raise _transport_error(exc, url) from exc
         if response.status_code >= 400:
-            raise ProxyError(
-                response.status_code,
-                upstream_message(response.status_code, response.content),
-                code="upstream_error",
-            )
+            raise _status_error(response, response.content)
         try:
             data = orjson.loads(response.content).get("data", [])
             return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
         except (orjson.JSONDecodeError, AttributeError, TypeError):
-            raise ProxyError(
-                502, "upstream /models is not an OpenAI model list", code="upstream_protocol"
-            ) from None
+            raise _protocol_error("upstream /models is not an OpenAI model list") from None
 
     async def count_tokens(self, payload: dict[str, Any]) -> int | None:
         """Exact prompt tokens from the engine's tokenizer endpoint, or None when it has none.

@@ -7,12 +7,13 @@
 
 Each POST `.../chat/completions` pops the next scripted `Reply` (or echoes the last user text
 when the script is empty) and answers it as JSON or SSE, following the request's `stream`.
-A Reply can also be an HTTP error, a slow stream, a stream cut short, or a stream that reports
-an error mid-way. `GET .../models` lists the model. The tokenizer endpoints follow
-`tokenizer`: "vllm" answers `POST /tokenize {messages}` with `{"count": N}`; "llama.cpp" serves
+A Reply can also be an HTTP error (with extra headers), a slow stream, a stream cut short, a
+stream that reports an error mid-way, or raw body pieces sent verbatim (bad wire data).
+`GET .../models` lists the model. The tokenizer endpoints follow `tokenizer`: "vllm" answers
+`POST /tokenize {messages}` with `{"count": N}`; "llama.cpp" serves
 `POST /apply-template {messages} -> {prompt}` and `POST /tokenize {content} -> {tokens}`; None
-serves neither. Every client disconnect during a stream is counted
-in `disconnects` and sets `disconnected`, so a test can see the proxy close the connection.
+serves neither. Every client disconnect during a stream is counted in `disconnects` and sets
+`disconnected`, so a test can see the proxy close the connection.
 
 The engine's own formats are scriptable: `Reply.reasoning_key` puts reasoning in a delta key
 (`reasoning_content`, `reasoning`, any other name), inline in the content (`think`: `<think>…</think>`) or in the
@@ -64,6 +65,8 @@ class Reply:
     cut_after: int | None = None  # end the stream after this many chunks: no finish, no [DONE]
     drop_after: int | None = None  # drop the connection after this many chunks (an engine crash)
     error_after: int | None = None  # after this many chunks send an {"error": ...} chunk and stop
+    raw: list[bytes] | None = None  # stream exactly these body pieces, one read each (bad wire data)
+    headers: dict[str, str] = field(default_factory=dict)  # extra response headers (e.g. Retry-After)
 
     def __post_init__(self) -> None:
         if self.tool_format not in TOOL_FORMATS:
@@ -138,6 +141,7 @@ class FakeUpstream:
         self.tokenizer = tokenizer
         self.script: deque[Reply] = deque()
         self.requests: list[dict[str, Any]] = []  # chat payloads, in arrival order
+        self.request_headers: list[dict[str, str]] = []  # the headers of each, in the same order
         self.tokenize_requests: list[dict[str, Any]] = []
         self.disconnects = 0
         self.disconnected = threading.Event()
@@ -149,6 +153,7 @@ class FakeUpstream:
     def reset(self) -> None:
         self.script.clear()
         self.requests.clear()
+        self.request_headers.clear()
         self.tokenize_requests.clear()
         self.disconnects = 0
         self.disconnected.clear()
@@ -262,6 +267,7 @@ class FakeUpstream:
         if path.endswith("/chat/completions") and scope["method"] == "POST":
             payload = orjson.loads(body)
             self.requests.append(payload)
+            self.request_headers.append({k.decode(): v.decode() for k, v in scope["headers"]})
             await self._chat(payload, receive, send)
         elif path.endswith("/models"):
             await self._json(
@@ -289,9 +295,12 @@ class FakeUpstream:
             }
         return {"tokens": list(range(len(request.get("content", "")) // 4))}
 
-    async def _json(self, send: Any, status: int, body: dict[str, Any]) -> None:
+    async def _json(
+        self, send: Any, status: int, body: dict[str, Any], extra: dict[str, str] | None = None
+    ) -> None:
         raw = orjson.dumps(body)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+        headers += [(k.lower().encode(), v.encode()) for k, v in (extra or {}).items()]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": raw})
 
@@ -303,7 +312,10 @@ class FakeUpstream:
                 "type": "BadRequestError" if reply.status < 500 else "InternalServerError",
                 "code": reply.status,
             }
-            return await self._json(send, reply.status, {"object": "error", **error, "error": error})
+            body = {"object": "error", **error, "error": error}
+            return await self._json(send, reply.status, body, reply.headers)
+        if reply.raw is not None:
+            return await self._raw(reply, send, payload.get("stream"))
         if not payload.get("stream"):
             if reply.delay:
                 await asyncio.sleep(reply.delay)
@@ -344,6 +356,15 @@ class FakeUpstream:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             watcher.cancel()
+
+    async def _raw(self, reply: Reply, send: Any, stream: bool) -> None:
+        kind = b"text/event-stream" if stream else b"application/json"
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", kind)]})
+        for piece in reply.raw or ():
+            if reply.delay:
+                await asyncio.sleep(reply.delay)
+            await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def _watch(self, receive: Any) -> None:
         while True:

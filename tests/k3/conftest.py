@@ -24,9 +24,8 @@ async def make_client(fake: FakeUpstream) -> AsyncIterator[Callable[..., httpx.A
     clients: list[httpx.AsyncClient] = []
 
     def make(**config: object) -> httpx.AsyncClient:
-        app = create_app(
-            Config(upstream="http://fake/v1", **config), upstream_transport=httpx.ASGITransport(fake)
-        )  # type: ignore[arg-type]
+        config = {"upstream": "http://fake/v1", **config}
+        app = create_app(Config(**config), upstream_transport=httpx.ASGITransport(fake))  # type: ignore[arg-type]
         client = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://k3", timeout=10)
         clients.append(client)
         return client

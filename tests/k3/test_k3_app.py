@@ -75,8 +75,11 @@ async def dead_client():
         yield client
 
 
-async def test_health_presets_and_stats(client, dead_client):
+async def test_health_presets_and_stats(make_client, client, dead_client):
     health = await client.get("/health")
+    assert health.status_code == 200 and health.json() == {"status": "ok"}  # no key: nobody is known
+    keyed = make_client(api_key="k")
+    health = await keyed.get("/health", headers={"authorization": "Bearer k"})
     assert health.status_code == 200 and health.json()["models"] == ["kimi-linear"]
     dead = await dead_client.get("/health")
     assert dead.status_code == 503 and dead.json()["status"] == "degraded"

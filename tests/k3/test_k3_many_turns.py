@@ -14,14 +14,13 @@ from collections.abc import Iterator
 import httpx
 import psutil
 import pytest
+from k3_helpers import anthropic_stream
 
 from k3.app import create_app
 from k3.cancel import closing, may_cancel
 from k3.config import Config
 from k3.connection import Hangup
 from k3.testing.fake_upstream import FakeUpstream, Reply, serve_in_thread
-
-from k3_helpers import anthropic_stream
 
 TURNS = 600
 CLIENTS = 32  # concurrent clients: 600 turns of 0.2 s in about 4 s
