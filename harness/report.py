@@ -55,6 +55,18 @@ def _commit_label(git: dict) -> str:
     return f"{label}+dirty" if git.get("dirty") else label
 
 
+SYNTHETIC_WEIGHTS = "random (stress test)"
+
+
+def weights_label(config: dict) -> str:
+    """Which weights a receipt measured; synthetic ones are random: a stress test, not a quality result.
+    Receipts older than the `weights` field say nothing, but a synthetic model only has random weights."""
+    weights = config.get("weights")
+    if weights is None:
+        return SYNTHETIC_WEIGHTS if str(config.get("model", "")).startswith("synthetic") else "not recorded"
+    return SYNTHETIC_WEIGHTS if "synthetic" in weights.lower() else weights
+
+
 def newest(frame: pd.DataFrame) -> pd.DataFrame:
     """The newest receipt per (suite, name, hardware)."""
     if frame.empty:
