@@ -12,7 +12,6 @@ byte-identical for the same receipts in any process: nothing is ordered by a set
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,8 @@ from matplotlib.patches import Patch
 from harness.figure_style import NEUTRAL, STYLE, save, series_style, text
 from harness.hardware import REPO_ROOT
 from harness.receipt import short_id
-from harness.report import load_frame, newest, weights_label
+from harness.report import load_frame, newest
+from harness.summary import config_label, natural_key, weights_label
 
 FIGURES_DIR = REPO_ROOT / "docs" / "figures"
 
@@ -36,11 +36,6 @@ class Figure:
     name: str
     build: Callable[[pd.DataFrame], dict | None]
     draw: Callable[[dict], plt.Figure]
-
-
-def natural_key(label: str) -> list:
-    """Sort key that orders the numbers inside labels by value: ctx17 < ctx256 < ctx1024."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
 
 
 def heading(data: dict) -> str:
@@ -115,19 +110,6 @@ def proxy_vs_peers(frame: pd.DataFrame) -> dict | None:
             "xlabel": "added latency", "bars": bars}  # fmt: skip
 
 
-def _series_label(cfg: dict) -> str:
-    """A decode configuration in words: model, weights, plan, kernels, dtype, threads, batch."""
-    plan = cfg.get("plan")
-    weights_format = f"INT4 {plan['name']} g{plan['group_size']}" if plan else "dense"
-    parts = [cfg["model"], weights_label(cfg), weights_format, cfg["dtype"].upper()]
-    if cfg.get("kernels"):
-        parts.append(f"kernels {cfg['kernels']}")
-    if cfg.get("threads") is not None:
-        parts.append(f"{cfg['threads']} thread{'s' if cfg['threads'] != 1 else ''}")
-    parts.append(f"batch {cfg['batch']}")
-    return ", ".join(parts)
-
-
 def decode_throughput(frame: pd.DataFrame) -> dict | None:
     """Decode tok/s against context length, one line per configuration and hardware, each with its
     roofline; a context measured twice in one configuration keeps its newest receipt (x strictly rises)."""
@@ -136,7 +118,7 @@ def decode_throughput(frame: pd.DataFrame) -> dict | None:
     for row in sorted(rows.itertuples(), key=lambda r: (r.created, r.path)):
         receipt = row.receipt
         cfg = receipt["config"]
-        key = (_series_label(cfg), row.hardware_id)
+        key = (f"{config_label(cfg)}; {weights_label(cfg)} weights", row.hardware_id)
         line = series.setdefault(key, {"label": key[0], "hardware_id": row.hardware_id, "points": {}})
         line["points"][cfg["context"]] = {
             "context": cfg["context"],
