@@ -158,6 +158,7 @@ def compare(
     """
     from harness.receipt import load_receipt, resolve_field
     from harness.report import find_receipt
+    from harness.stats import verdict
 
     def locate(spec: str) -> dict:
         path = (
@@ -172,43 +173,19 @@ def compare(
         raise click.ClickException(str(exc)) from None
     if old_value == 0:
         raise click.ClickException(f"{metric} is 0 in {base}: no ratio can be formed")
-    verdict = judge(old, fresh, metric, old_value, new_value, max_regression, higher_is_better)
-    click.echo(verdict.message)
-    if verdict.regressed:
+    parts = metric.split(".")
+    sampled = (
+        parts[0] == "summary"
+        and len(parts) > 1
+        and parts[1] in old["samples"]
+        and parts[1] in fresh["samples"]
+    )
+    samples = (old["samples"][parts[1]], fresh["samples"][parts[1]]) if sampled else ()
+    result = verdict(old_value, new_value, max_regression, higher_is_better, *samples)
+    click.echo(f"{metric}: {result}")
+    if result.regressed:
         click.echo(f"{metric} regressed beyond the allowed {max_regression}%", err=True)
         sys.exit(1)
-
-
-class Verdict:
-    """A percentage judgement, with the statistical one where the receipts carry samples."""
-
-    def __init__(self, metric, old_value, new_value, max_regression, higher_is_better, comparison=None):
-        self.ratio, self.regression = regression_pct(old_value, new_value, higher_is_better)
-        self.comparison = comparison
-        beyond = self.regression > max_regression
-        significant = comparison is None or comparison.direction(higher_is_better) == "worse"
-        self.regressed = beyond and significant
-        stats = (f"; {comparison}: {comparison.direction(higher_is_better)}" if comparison
-                 else "; no samples, percentage only")  # fmt: skip
-        self.message = (f"{metric}: base {old_value:.6g}, new {new_value:.6g}, ratio {self.ratio:.4f} "
-                        f"({self.regression:+.1f}% regression, allowed {max_regression:g}%){stats}")  # fmt: skip
-
-
-def judge(old, new, metric, old_value, new_value, max_regression, higher_is_better) -> Verdict:
-    """The verdict on `metric` of two receipts (bootstrap CI when it is a `summary.<sampled metric>` field)."""
-    from harness.stats import compare_samples
-
-    parts = metric.split(".")
-    comparison = None
-    if parts[0] == "summary" and len(parts) > 1 and parts[1] in old["samples"] and parts[1] in new["samples"]:
-        comparison = compare_samples(old["samples"][parts[1]], new["samples"][parts[1]])
-    return Verdict(metric, old_value, new_value, max_regression, higher_is_better, comparison)
-
-
-def regression_pct(old: float, new: float, higher_is_better: bool) -> tuple[float, float]:
-    """(new/old, how many percent worse new is; negative when better)."""
-    ratio = new / old
-    return ratio, (1 - ratio if higher_is_better else ratio - 1) * 100
 
 
 @main.command()

@@ -65,3 +65,49 @@ def reproduction_tolerance(summary: dict) -> float:
     """How far a re-run's median may lie from this summary's median: its p10–p90 width (the spread of
     single samples, wider than the median's own), at least REPRODUCE_FLOOR of the median."""
     return max(summary["p90"] - summary["p10"], REPRODUCE_FLOOR * abs(summary["median"]))
+
+
+def regression_pct(old: float, new: float, higher_is_better: bool) -> tuple[float, float]:
+    """(new/old, how many percent worse new is; negative when better)."""
+    ratio = new / old
+    return ratio, (1 - ratio if higher_is_better else ratio - 1) * 100
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A percentage judgement of one value, with the statistical one where both receipts carry samples."""
+
+    old: float
+    new: float
+    ratio: float
+    regression: float  # percent, negative when better
+    allowed: float  # percent
+    higher_is_better: bool
+    comparison: Comparison | None
+
+    @property
+    def regressed(self) -> bool:
+        """Beyond the allowance, and (with samples) a real change: the whole CI on the worse side of 1."""
+        significant = self.comparison is None or self.comparison.direction(self.higher_is_better) == "worse"
+        return self.regression > self.allowed and significant
+
+    def __str__(self) -> str:
+        stats = (f"{self.comparison}: {self.comparison.direction(self.higher_is_better)}" if self.comparison
+                 else "no samples: percentage only")  # fmt: skip
+        outcome = "REGRESSED" if self.regressed else "ok"
+        return (f"base {self.old:.6g}, new {self.new:.6g}, ratio {self.ratio:.4f} ({self.regression:+.1f}% "
+                f"regression, allowed {self.allowed:g}%); {stats} — {outcome}")  # fmt: skip
+
+
+def verdict(
+    old: float,
+    new: float,
+    allowed: float,
+    higher_is_better: bool,
+    old_samples: list[float] | None = None,
+    new_samples: list[float] | None = None,
+) -> Verdict:
+    """Judge `new` against `old`; with both sample lists, also the bootstrap CI of their ratio of medians."""
+    ratio, regression = regression_pct(old, new, higher_is_better)
+    comparison = compare_samples(old_samples, new_samples) if old_samples and new_samples else None
+    return Verdict(old, new, ratio, regression, allowed, higher_is_better, comparison)
