@@ -253,11 +253,12 @@ def reproduced_claims(root: Path) -> list[str]:
                 continue
             found = reproductions(receipt, results_dir)
             hardware = receipt["hardware"]["hardware_id"]
+            caveat = " (the cited receipt itself is from a dirty tree)" if is_dirty(receipt) else ""
             if found:
                 names = ", ".join(p.relative_to(results_dir).as_posix() for p, _ in found)
-                lines.append(f"{claim}: reproduced on {hardware} by {names}")
+                lines.append(f"{claim}: reproduced on {hardware} by {names}{caveat}")
             else:
-                lines.append(f"{claim}: no passing reproduction on {hardware} yet")
+                lines.append(f"{claim}: no passing reproduction on {hardware} yet{caveat}")
     return lines
 
 

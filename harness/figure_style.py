@@ -13,6 +13,7 @@ eight colours `series_style` adds hatches (bars) and marker shapes (lines), so n
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -22,6 +23,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 USE_TEX = os.environ.get("USE_TEX") == "1"
+# The Computer Modern fonts matplotlib ships carry a zero creation date; fontTools warns on every subset.
+logging.getLogger("fontTools.ttLib.tables._h_e_a_d").setLevel(logging.ERROR)
 
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#F0E442", "#000000")
 HATCHES = ("", "//", "..", "xx", "\\\\")
