@@ -158,7 +158,7 @@ def render(results_dir: Path | None = None) -> str:
             summary=summary_rows(latest, fmt),
             columns=COLUMNS,
             dirty_mark=DIRTY_MARK,
-            gaps=not_measured(latest),
+            gaps=not_measured(latest, {suite: title for suite, (title, _) in SUITES.items()}),
         )
     )
 

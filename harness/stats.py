@@ -46,13 +46,13 @@ def compare_samples(
     if not old or not new:
         raise ValueError("both receipts need samples of the metric")
     base = statistics.median(old)
-    if base == 0:
-        raise ValueError("the old median is 0: no ratio can be formed")
+    if base <= 0:
+        raise ValueError(f"the old median is {base:g}: a ratio of medians needs a positive base")
     rng = random.Random(seed)
     ratios = []
     for _ in range(resamples):
         denominator = statistics.median(rng.choices(old, k=len(old)))
-        if denominator != 0:
+        if denominator > 0:  # a resample at or below zero has no meaningful ratio
             ratios.append(statistics.median(rng.choices(new, k=len(new))) / denominator)
     ratios.sort()
     tail = (1 - CONFIDENCE) / 2
@@ -107,7 +107,9 @@ def verdict(
     old_samples: list[float] | None = None,
     new_samples: list[float] | None = None,
 ) -> Verdict:
-    """Judge `new` against `old`; with both sample lists, also the bootstrap CI of their ratio of medians."""
+    """Judge `new` against `old`; with both sample lists (and a positive old median), also the bootstrap CI
+    of their ratio of medians."""
     ratio, regression = regression_pct(old, new, higher_is_better)
-    comparison = compare_samples(old_samples, new_samples) if old_samples and new_samples else None
+    usable = old_samples and new_samples and statistics.median(old_samples) > 0
+    comparison = compare_samples(old_samples, new_samples) if usable else None
     return Verdict(old, new, ratio, regression, allowed, higher_is_better, comparison)

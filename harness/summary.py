@@ -19,14 +19,8 @@ from harness.receipt import is_dirty, short_id
 COLUMNS = ("decode tok/s", "% of roofline", "× llama.cpp decode", "TTFT ms", "proxy added ms", "KL / top-1")
 DIRTY_MARK = "†"
 SYNTHETIC_WEIGHTS = "random (stress test)"
-MEASURED_SUITES = {
-    "decode": "Decode throughput",
-    "prefill": "Prefill",
-    "kernels": "Kernels",
-    "proxy": "Proxy overhead",
-    "accuracy": "Accuracy",
-    "llamacpp": "llama.cpp head to head",
-}
+# The suites a reader expects measured (on a GPU, with real weights); harness and conformance are not speeds.
+MEASURED_SUITES = ("decode", "prefill", "kernels", "proxy", "accuracy", "llamacpp")
 
 
 def natural_key(label: str) -> list:
@@ -135,13 +129,15 @@ def summary_rows(latest: pd.DataFrame, fmt) -> list[dict]:
     return rows
 
 
-def not_measured(latest: pd.DataFrame) -> list[str]:
-    """What no receipt covers yet: a suite without receipts, without GPU receipts, or with random weights only."""
+def not_measured(latest: pd.DataFrame, titles: dict[str, str]) -> list[str]:
+    """What no receipt covers yet: a suite without receipts, without GPU receipts, or with random weights only
+    (`titles`: suite -> its section title)."""
     gaps = []
     receipts = list(latest["receipt"]) if not latest.empty else []
     if not any(r["hardware"].get("gpus") for r in receipts):
         gaps.append("No GPU receipts at all: every number on this page was measured on a CPU.")
-    for suite, title in MEASURED_SUITES.items():
+    for suite in MEASURED_SUITES:
+        title = titles.get(suite, suite)
         own = [r for r in receipts if r["suite"] == suite]
         if not own:
             gaps.append(f"{title} (`{suite}`): no receipts yet.")

@@ -120,3 +120,9 @@ def test_audit_lists_which_readme_numbers_are_reproduced(tmp_path, make_receipt)
     assert (
         second.startswith("README.md:2: 2.0") and "no passing reproduction on cpu-2c-Test-CPU yet" in second
     )
+
+
+def test_a_base_at_or_below_zero_gives_the_percentage_only():
+    with pytest.raises(ValueError, match="positive base"):
+        compare_samples([-1.0, -0.5, 0.2], [1.0, 1.1, 1.2])
+    assert verdict(0.5, 1.0, 10, False, [-1.0, -0.5, 0.2], [1.0, 1.1, 1.2]).comparison is None

@@ -45,14 +45,15 @@ def test_proxy_gate_compares_with_committed_receipts(tmp_path):
     )
     assert generous.exit_code == 0, generous.output
     assert generous.output.count("— ok") == 4
-    # A baseline a thousand times faster than this code: beyond any allowance and wholly outside the
-    # bootstrap interval, so the gate must fail.
+    # A baseline where k3 added 10 ns a turn: any real measurement lies beyond the allowance and wholly
+    # outside the bootstrap interval, so the gate must fail.
     for path in sorted(tmp_path.glob("proxy/*/*.json")):
         receipt = load_receipt(path)
+        n = len(receipt["samples"]["added_ms"])
         write_receipt(
             "proxy", receipt["name"], config=receipt["config"], results_dir=tmp_path, units=receipt["units"],
-            samples={k: [v / 1000 for v in vals] for k, vals in receipt["samples"].items()},
-            derived={k: v / 1000 for k, v in receipt["derived"].items()}, command=["test"],
+            samples=receipt["samples"] | {"added_ms": [1e-5] * n},
+            derived=receipt["derived"] | {"added_median_us": 0.01}, command=["test"],
         )  # fmt: skip
-    strict = runner.invoke(main, ["proxy-gate", *args])
+    strict = runner.invoke(main, ["proxy-gate", "--iterations", "20", "--results", str(tmp_path)])
     assert strict.exit_code != 0 and "REGRESSED" in strict.output and "CI [" in strict.output
