@@ -80,7 +80,11 @@ def figures(root: Path | None, results: Path | None, out: Path | None) -> None:
     from harness.figures import write_all
 
     out = out if out is not None else resolve_root(root) / "docs" / "figures"
-    for path in write_all(resolve_results(root, results), out):
+    try:
+        written = write_all(resolve_results(root, results), out)
+    except RuntimeError as exc:  # USE_TEX=1 without a LaTeX install
+        raise click.ClickException(str(exc)) from None
+    for path in written:
         click.echo(f"wrote {path}")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 from pathlib import Path
 
 import matplotlib
@@ -64,6 +65,13 @@ _LATEX = {"_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "$": r"\$", "{": r"\{"
           ">": r"\textgreater{}", "|": r"\textbar{}", "µ": r"\textmu{}", "°": r"\textdegree{}",
           "±": r"\textpm{}", "‖": r"$\Vert$", "×": r"$\times$", "·": r"$\cdot$", "≥": r"$\geq$",
           "≤": r"$\leq$", "→": r"$\to$", "−": "$-$", "–": "--", "—": "---"}  # fmt: skip
+
+
+def check_renderer() -> None:
+    """Fail early and clearly when USE_TEX=1 asks for a LaTeX that is not installed."""
+    if USE_TEX and not (shutil.which("latex") and shutil.which("dvipng")):
+        raise RuntimeError("USE_TEX=1 renders through LaTeX, which needs `latex` and `dvipng` on PATH; "
+                           "install a TeX distribution or unset USE_TEX to use mathtext")  # fmt: skip
 
 
 def text(s: str) -> str:

@@ -22,7 +22,7 @@ import matplotlib.ticker
 import pandas as pd
 from matplotlib.patches import Patch
 
-from harness.figure_style import NEUTRAL, STYLE, save, series_style, text
+from harness.figure_style import NEUTRAL, STYLE, check_renderer, save, series_style, text
 from harness.hardware import REPO_ROOT
 from harness.receipt import short_id
 from harness.report import load_frame, newest
@@ -491,6 +491,7 @@ def data_json(data: dict) -> str:
 
 def write_all(results_dir: Path | None = None, out_dir: Path | None = None) -> list[Path]:
     """Regenerate every figure: <name>.png, <name>.pdf and <name>.json in docs/figures/."""
+    check_renderer()
     out_dir = Path(out_dir or FIGURES_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
     by_name = {f.name: f for f in FIGURES}

@@ -125,3 +125,12 @@ def test_figures_are_byte_identical_across_hash_seeds(tmp_path):
     assert "plan_weight_bytes.pdf" in outputs[0] and outputs[0].keys() == outputs[1].keys()
     for name in outputs[0]:
         assert outputs[0][name] == outputs[1][name], name
+
+
+def test_use_tex_without_latex_is_a_clear_error(tmp_path):
+    results = tmp_path / "results"
+    _decode(results, 17)
+    env = {**os.environ, "USE_TEX": "1", "PATH": str(tmp_path), "PYTHONPATH": str(REPO)}  # no latex on PATH
+    out = subprocess.run([sys.executable, "-m", "harness", "figures", "--results", str(results), "--out",
+                          str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 1 and "USE_TEX=1" in out.stderr and "unset USE_TEX" in out.stderr
