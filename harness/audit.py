@@ -8,12 +8,16 @@ Findings, each with a kind:
 - `bad-marker`       a receipt marker whose receipt or field does not exist, or has no number before it
 - `mismatch`         a number in the docs that differs from its receipt at the precision it is written with
 - `unbacked`         a measured-looking number (tok/s, ms, GB/s, %, GiB ...) with no receipt marker
+- `dirty-receipt`    a number backed by a receipt measured on a tree with uncommitted changes (`+dirty`):
+                     no reader can rebuild it from a commit; re-measure on a clean one
+- `bad-citation`     a `cited:` marker that names neither a public source nor a file of this repository
 
 A marker follows the number it backs, on the same line:
     113.8 tok/s <!-- receipt: decode/NVIDIA-H200/20261129T...-x.json#summary.tok_s.median -->
 The path is relative to results/; `latest:SUITE/HARDWARE_ID/NAME` picks the newest receipt of that name.
 `*100` after the field scales it (a fraction shown as a percentage). A number quoted from someone else's
-work is marked `<!-- cited: where it comes from -->` instead, and one that is arithmetic rather than a
+work is marked `<!-- cited: where it comes from -->` instead: a public source (a URL, `arXiv:ID`,
+`doi:ID`, `github.com/OWNER/REPO PATH`) or a file of this repository, named first (`docs/REFERENCE.md §2`), and one that is arithmetic rather than a
 measurement (a tensor's size from its shape, pinned by a test) `<!-- computed: how -->`.
 Speeds and times (tok/s, GB/s, ms, µs, "x faster") always look measured; sizes, percentages and ratios
 (GiB, MB, %, 1.5×) look measured on a line that speaks of hardware or speed (GPU, decode, bandwidth ...).
@@ -27,7 +31,8 @@ from decimal import Decimal
 from pathlib import Path
 
 from harness import figures, report
-from harness.receipt import ReceiptError, load_receipt, receipt_paths, resolve_field
+from harness.receipt import ReceiptError, is_dirty, load_receipt, receipt_paths, resolve_field
+from harness.reproduce import reproductions
 
 MARKER = re.compile(r"<!--\s*(receipt|cited|computed):\s*(.*?)\s*-->")
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?")
@@ -42,6 +47,11 @@ HARDWARE_OR_SPEED = re.compile(
     re.IGNORECASE,
 )
 CODE_SPAN = re.compile(r"`[^`]*`")
+PUBLIC_SOURCE = re.compile(
+    r"https?://\S+|\barXiv:\s*\d{4}\.\d{4,5}|\bdoi:\s*10\.\d+/\S+"
+    r"|\b(github\.com|gitlab\.com|huggingface\.co)/[\w.-]+/[\w.-]+",
+    re.IGNORECASE,
+)
 DOC_GLOBS = ("README.md", "docs/*.md")
 
 
@@ -65,7 +75,7 @@ def run_audit(root: Path) -> list[Finding]:
     findings += _check_figures(results_dir, root / "docs" / "figures")
     for pattern in DOC_GLOBS:
         for doc in sorted(root.glob(pattern)):
-            findings += check_document(doc, results_dir, doc.relative_to(root).as_posix())
+            findings += check_document(doc, results_dir, doc.relative_to(root).as_posix(), root=root)
     return findings
 
 
@@ -115,10 +125,12 @@ def _check_figures(results_dir: Path, figures_dir: Path) -> list[Finding]:
     return findings
 
 
-def check_document(doc: Path, results_dir: Path, where: str) -> list[Finding]:
+def check_document(doc: Path, results_dir: Path, where: str, root: Path | None = None) -> list[Finding]:
+    """Findings in one Markdown file; `cited:` paths are looked up in `root` (default: results' parent)."""
+    root = root or results_dir.parent
     findings = []
     for lineno, line in _prose_lines(doc.read_text().splitlines(keepends=True)):
-        findings += _check_line(line, results_dir, f"{where}:{lineno}")
+        findings += _check_line(line, results_dir, root, f"{where}:{lineno}")
     return findings
 
 
@@ -132,13 +144,22 @@ def _prose_lines(lines: list[str]):
             yield lineno, line
 
 
-def _check_line(line: str, results_dir: Path, where: str) -> list[Finding]:
+def _marker_segments(line: str):
+    """(marker match, the text between the previous marker and this one) for each marker on a line."""
+    start = 0
+    for match in MARKER.finditer(line):
+        yield match, line[start : match.start()]
+        start = match.end()
+
+
+def _check_line(line: str, results_dir: Path, root: Path, where: str) -> list[Finding]:
     findings = []
     start = 0
     line = CODE_SPAN.sub("", line)  # code spans show commands and marker syntax, never claims
-    for match in MARKER.finditer(line):
-        segment = line[start : match.start()]
+    for match, segment in _marker_segments(line):
         start = match.end()
+        if match.group(1) == "cited":
+            findings += _check_citation(match.group(2), root, where)
         if match.group(1) != "receipt":
             continue
         numbers = NUMBER.findall(segment)
@@ -163,11 +184,32 @@ def _unbacked(match: re.Match, where: str) -> Finding:
     return Finding("unbacked", where, f"'{match.group(0)}' looks measured but names no receipt")
 
 
+def _check_citation(source: str, root: Path, where: str) -> list[Finding]:
+    """A citation names a public source, or a file of this repository first (then what part of it)."""
+    if PUBLIC_SOURCE.search(source):
+        return []
+    first = source.split()[0] if source.split() else ""
+    path = (root / first).resolve()
+    if first and path.is_relative_to(root.resolve()) and path.exists():
+        return []
+    return [Finding("bad-citation", where, f"'{source}' names no public source (URL, arXiv:ID, doi:ID, "
+                    "github.com/OWNER/REPO PATH) and no file of this repository")]  # fmt: skip
+
+
 def _check_number(shown: str, spec: str, results_dir: Path, where: str) -> list[Finding]:
     try:
-        value = marker_value(spec, results_dir)
+        receipt, value = marked_receipt(spec, results_dir)
     except (ReceiptError, KeyError, ValueError, FileNotFoundError) as exc:
         return [Finding("bad-marker", where, f"'{spec}': {exc}")]
+    if is_dirty(receipt):
+        git = receipt["hardware"].get("git", {})
+        state = (
+            f"{(git.get('commit') or 'unknown')[:10]}+dirty"
+            if git.get("dirty")
+            else "an unrecorded tree state"
+        )
+        return [Finding("dirty-receipt", where, f"{shown} comes from {receipt['id']}, measured at {state}: "
+                        "re-measure on a clean commit")]  # fmt: skip
     text = shown.replace(",", "").lstrip("+")
     decimals = len(text.split(".")[1]) if "." in text else 0
     # The doc may round the receipt's value to the precision it shows, and no further.
@@ -176,17 +218,48 @@ def _check_number(shown: str, spec: str, results_dir: Path, where: str) -> list[
     return []
 
 
-def marker_value(spec: str, results_dir: Path) -> float:
-    """Resolve `PATH#FIELD[*SCALE]` or `latest:SUITE/HW/NAME#FIELD[*SCALE]` to a number."""
+def marked_receipt(spec: str, results_dir: Path) -> tuple[dict, float]:
+    """Resolve `PATH#FIELD[*SCALE]` or `latest:SUITE/HW/NAME#FIELD[*SCALE]` to (the receipt, the number)."""
     target, _, field = spec.partition("#")
     if not field:
         raise ValueError("expected PATH#FIELD")
     field, _, scale = field.partition("*")
-    path = report.find_receipt(target.strip(), results_dir)
-    value = resolve_field(load_receipt(path), field.strip())
+    receipt = load_receipt(report.find_receipt(target.strip(), results_dir))
+    value = resolve_field(receipt, field.strip())
     if not isinstance(value, int | float) or isinstance(value, bool):
         raise ValueError(f"field '{field}' is not a number")
-    return value * float(scale) if scale else value
+    return receipt, value * float(scale) if scale else value
+
+
+def marker_value(spec: str, results_dir: Path) -> float:
+    return marked_receipt(spec, results_dir)[1]
+
+
+def reproduced_claims(root: Path) -> list[str]:
+    """One line per receipt-backed number in README.md: the clean re-runs that reproduce its receipt on
+    its hardware, or that none does yet."""
+    results_dir = root / "results"
+    lines = []
+    for lineno, line in _prose_lines((root / "README.md").read_text().splitlines(keepends=True)):
+        for match, segment in _marker_segments(CODE_SPAN.sub("", line)):
+            numbers = NUMBER.findall(segment)
+            if match.group(1) != "receipt" or not numbers:
+                continue
+            claim = f"README.md:{lineno}: {numbers[-1]} ({match.group(2)})"
+            try:
+                receipt, _ = marked_receipt(match.group(2), results_dir)
+            except (ReceiptError, KeyError, ValueError, FileNotFoundError) as exc:
+                lines.append(f"{claim}: unresolvable ({exc})")
+                continue
+            found = reproductions(receipt, results_dir)
+            hardware = receipt["hardware"]["hardware_id"]
+            caveat = " (the cited receipt itself is from a dirty tree)" if is_dirty(receipt) else ""
+            if found:
+                names = ", ".join(p.relative_to(results_dir).as_posix() for p, _ in found)
+                lines.append(f"{claim}: reproduced on {hardware} by {names}{caveat}")
+            else:
+                lines.append(f"{claim}: no passing reproduction on {hardware} yet{caveat}")
+    return lines
 
 
 def sync_document(doc: Path, results_dir: Path) -> int:

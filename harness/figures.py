@@ -1,8 +1,12 @@
 """Figures regenerated from receipts only, written as PNG + PDF + the JSON data they plot.
 
 A figure is a `build(frame) -> data | None` (pure data taken from receipts; None when no receipt feeds it)
-and a `draw(data) -> Figure`. The JSON sidecar is what the audit compares with a fresh build, so stale
-figures fail it. Output is byte-deterministic for the same receipts: fixed font, no timestamps in files.
+and a `draw(data) -> Figure`; adding one is a pair of functions and a line in `FIGURES`. `build` returns a
+"title" and, per plotted item, its "hardware_id" and "receipt" path; `build_all` then adds the caption
+(receipts, commits, hardware) and names the hardware once, in the title, when only one is shown. `draw`
+passes every string through `figure_style.text` and takes colours from `figure_style.series_style`.
+The JSON sidecar is what the audit compares with a fresh build, so stale figures fail it. Output is
+byte-identical for the same receipts in any process: nothing is ordered by a set or a hash.
 """
 
 from __future__ import annotations
@@ -13,27 +17,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
+import matplotlib.pyplot as plt
 import matplotlib.ticker
+import pandas as pd
+from matplotlib.patches import Patch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from harness.figure_proxy_load import draw_proxy_load, proxy_load  # noqa: E402
-from harness.hardware import REPO_ROOT  # noqa: E402
-from harness.report import load_frame, newest  # noqa: E402
+from harness.figure_style import NEUTRAL, STYLE, check_renderer, save, series_style, text
+from harness.hardware import REPO_ROOT
+from harness.receipt import short_id
+from harness.report import load_frame, newest
+from harness.summary import config_label, natural_key, weights_label
 
 FIGURES_DIR = REPO_ROOT / "docs" / "figures"
-STYLE = {
-    "font.family": "DejaVu Sans",  # ships with matplotlib: same glyphs on every machine
-    "font.size": 9,
-    "svg.hashsalt": "local-kimi",
-    "figure.dpi": 100,
-    "savefig.dpi": 150,
-}
-PNG_METADATA = {"Software": None}
-PDF_METADATA = {"Creator": None, "Producer": None, "CreationDate": None}
 
 
 @dataclass(frozen=True)
@@ -43,139 +38,200 @@ class Figure:
     draw: Callable[[dict], plt.Figure]
 
 
+def heading(data: dict) -> str:
+    """The figure's title, naming the hardware when all it shows ran on one machine."""
+    return data["title"] + (f"\non {data['hardware']}" if data.get("hardware") else "")
+
+
+def title(data: dict) -> str:
+    return text(heading(data))
+
+
 def _bar(label: str, row: Any, metric: str) -> dict:
     """One bar of `draw_bars`: a receipt row's median and p10/p90 of `metric`, its unit and path."""
     stats = row.receipt["summary"][metric]
     return {"label": label, "median": stats["median"], "p10": stats["p10"], "p90": stats["p90"],
-            "unit": row.receipt["units"][metric], "receipt": row.path}  # fmt: skip
+            "unit": row.receipt["units"][metric], "hardware_id": row.hardware_id, "receipt": row.path}  # fmt: skip
 
 
-def suite_medians(suite: str, metric: str) -> Callable[[pd.DataFrame], dict | None]:
+def suite_medians(suite: str, metric: str, heading: str, axis: str) -> Callable[[pd.DataFrame], dict | None]:
     """Median and p10/p90 of one metric for every (name, hardware) of a suite, newest receipts."""
 
     def build(frame: pd.DataFrame) -> dict | None:
-        rows = newest(frame)
-        rows = rows[rows["suite"] == suite]
-        bars = []
-        for row in rows.itertuples():
-            if metric not in row.receipt["summary"]:
-                continue
-            bars.append(_bar(f"{row.name}\n{row.hardware_id}", row, metric))
+        rows = _newest_suite(frame, suite)
+        bars = [_bar(row.name, row, metric) for row in rows.itertuples() if metric in row.receipt["summary"]]
         if not bars:
             return None
-        return {"title": f"{suite}: {metric} (median, p10–p90)", "metric": metric, "bars": bars}
+        bars.sort(key=lambda b: (natural_key(b["label"]), b["hardware_id"]))
+        return {"title": f"{heading} (median, p10–p90)", "xlabel": axis, "bars": bars}
 
     return build
 
 
+def _key(ax: plt.Axes, names: list[str], **legend) -> None:
+    """A legend of one colour patch per name, in `series_style` order."""
+    handles = [Patch(color=series_style(i)["color"], label=text(n)) for i, n in enumerate(names)]
+    ax.legend(handles=handles, **legend)
+
+
 def draw_bars(data: dict) -> plt.Figure:
     bars = data["bars"]
-    fig, ax = plt.subplots(figsize=(6.4, 0.9 + 0.6 * len(bars)))
-    y = range(len(bars))
+    fig, ax = plt.subplots(figsize=(6.4, 0.9 + 0.4 * len(bars)), layout="constrained")
+    y = list(range(len(bars)))
     medians = [b["median"] for b in bars]
     errors = [[b["median"] - b["p10"] for b in bars], [b["p90"] - b["median"] for b in bars]]
-    ax.barh(list(y), medians, xerr=errors, color="#3b6ea5", ecolor="#222222", capsize=3)
-    ax.set_yticks(list(y), [b["label"] for b in bars])
+    groups = list(dict.fromkeys(b.get("series", "") for b in bars))  # e.g. one colour per proxy
+    colors = [series_style(groups.index(b.get("series", "")))["color"] for b in bars]
+    ax.barh(y, medians, xerr=errors, color=colors, ecolor="#222222", capsize=3)
+    if len(groups) > 1:
+        _key(ax, groups, loc="lower right")
+    ax.set_yticks(y, [text(b["label"]) for b in bars])
     ax.invert_yaxis()
-    ax.set_xlabel(f"{data['metric']} ({bars[0]['unit']})")
-    ax.set_title(data["title"])
+    ax.set_xlabel(text(f"{data['xlabel']} ({bars[0]['unit']})"))
+    ax.set_title(title(data))
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
     return fig
 
 
 def proxy_vs_peers(frame: pd.DataFrame) -> dict | None:
     """Latency k3 and each peer proxy add to the same turn over loopback (`proxy-peers` receipts)."""
-    rows = newest(frame)
-    rows = rows[(rows["suite"] == "proxy") & rows["name"].str.startswith("peers.")]
+    rows = _newest_suite(frame, "proxy")
+    rows = rows[rows["name"].str.startswith("peers.")]
     bars = []
-    for row in rows.sort_values("name").itertuples():
+    for row in sorted(rows.itertuples(), key=lambda r: (natural_key(r.name), r.hardware_id)):
         receipt = row.receipt
         for proxy in ("k3", *sorted(receipt["config"]["peers"])):
             if f"{proxy}_added_ms" in receipt["summary"]:  # else the proxy does not support this dialect
-                label = f"{row.name.removeprefix('peers.')} · {proxy}\n{row.hardware_id}"
-                bars.append(_bar(label, row, f"{proxy}_added_ms"))
+                bar = _bar(f"{row.name.removeprefix('peers.')} · {proxy}", row, f"{proxy}_added_ms")
+                bars.append(bar | {"series": proxy})
     if not bars:
         return None
-    return {"title": "Added per turn over loopback (median, p10–p90)", "metric": "added",
-            "bars": bars}  # fmt: skip
+    return {"title": "Latency added per turn over loopback, k3 and peer proxies (median, p10–p90)",
+            "xlabel": "added latency", "bars": bars}  # fmt: skip
+
+
+def proxy_load(frame: pd.DataFrame) -> dict | None:
+    """Turns/s and k3's CPU per turn against the number of streaming clients (`load.*` receipts), one
+    series per client kind and hardware, x rising."""
+    rows = _newest_suite(frame, "proxy")
+    rows = rows[rows["name"].str.startswith("load.")]
+    series: dict[tuple[str, str], dict] = {}
+    for row in rows.itertuples():
+        cfg, derived = row.receipt["config"], row.receipt["derived"]
+        key = (f"{cfg['client']} clients", row.hardware_id)
+        line = series.setdefault(key, {"label": key[0], "hardware_id": row.hardware_id, "points": []})
+        line["points"].append({"clients": cfg["clients"], "turns_per_s": derived["turns_per_s"],
+                               "k3_cpu_ms_per_turn": derived["k3_cpu_ms_per_turn"],
+                               "latency_p99_ms": derived["latency_p99_ms"], "errors": derived["errors"],
+                               "receipt": row.path})  # fmt: skip
+    if not series:
+        return None
+    lines = []
+    for key in sorted(series):
+        line = series[key]
+        lines.append(line | {"points": sorted(line["points"], key=lambda p: p["clients"])})
+    return {"title": "k3 under load: keep-alive clients streaming 64-delta turns back to back",
+            "series": lines}  # fmt: skip
+
+
+def draw_proxy_load(data: dict) -> plt.Figure:
+    fig, (rate, cpu) = plt.subplots(1, 2, figsize=(8.0, 3.8), layout="constrained")
+    for i, line in enumerate(data["series"]):
+        style = series_style(i)
+        xs = [p["clients"] for p in line["points"]]
+        for ax, key in ((rate, "turns_per_s"), (cpu, "k3_cpu_ms_per_turn")):
+            ax.plot(xs, [p[key] for p in line["points"]], marker=style["marker"], color=style["color"],
+                    label=text(line["label"]))  # fmt: skip
+    for ax, label in ((rate, "completed turns/s"), (cpu, "k3 CPU ms per turn")):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xlabel(text("concurrent streaming clients"))
+        ax.set_ylabel(text(label))
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3, which="both")
+    rate.legend()
+    fig.suptitle(title(data))
+    return fig
 
 
 def decode_throughput(frame: pd.DataFrame) -> dict | None:
-    """Decode tok/s against context length, one line per (model, dtype, batch, hardware), with its roofline."""
-    rows = newest(frame)
-    rows = rows[rows["suite"] == "decode"]
-    series: dict[str, dict] = {}
-    for row in rows.itertuples():
+    """Decode tok/s against context length, one line per configuration and hardware, each with its
+    roofline; a context measured twice in one configuration keeps its newest receipt (x strictly rises)."""
+    rows = _newest_suite(frame, "decode")
+    series: dict[tuple[str, str], dict] = {}
+    for row in sorted(rows.itertuples(), key=lambda r: (r.created, r.path)):
         receipt = row.receipt
         cfg = receipt["config"]
-        label = f"{cfg['model']} {cfg['dtype']} b{cfg['batch']} · {row.hardware_id}"
-        line = series.setdefault(label, {"label": label, "points": []})
-        line["points"].append(
-            {
-                "context": cfg["context"],
-                "tok_s": receipt["summary"]["decode_tok_s"]["median"],
-                "roofline_tok_s": receipt["derived"]["roofline_tok_s"],
-                "receipt": row.path,
-            }
-        )
+        key = (f"{config_label(cfg)}; {weights_label(cfg)} weights", row.hardware_id)
+        line = series.setdefault(key, {"label": key[0], "hardware_id": row.hardware_id, "points": {}})
+        line["points"][cfg["context"]] = {
+            "context": cfg["context"],
+            "tok_s": receipt["summary"]["decode_tok_s"]["median"],
+            "roofline_tok_s": receipt["derived"]["roofline_tok_s"],
+            "receipt": row.path,
+        }
     if not series:
         return None
-    for line in series.values():
-        line["points"].sort(key=lambda p: p["context"])
-    return {"title": "Decode tokens/s by context (median; dashed: roofline)",
-            "series": sorted(series.values(), key=lambda s: s["label"])}  # fmt: skip
+    lines = []
+    for key in sorted(series, key=lambda k: (natural_key(k[0]), k[1])):
+        line = series[key]
+        lines.append(line | {"points": [line["points"][c] for c in sorted(line["points"])]})
+    return {"title": "Decode tokens/s by context length (median; dashed: roofline of the same colour)",
+            "series": lines}  # fmt: skip
 
 
 def draw_decode(data: dict) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), layout="constrained")
     for i, line in enumerate(data["series"]):
-        color = f"C{i % 10}"
+        style = series_style(i)
         xs = [p["context"] for p in line["points"]]
-        ax.plot(xs, [p["tok_s"] for p in line["points"]], marker="o", color=color, label=line["label"])
-        ax.plot(xs, [p["roofline_tok_s"] for p in line["points"]], linestyle="--", color=color, alpha=0.6)
+        ax.plot(xs, [p["tok_s"] for p in line["points"]], marker=style["marker"], color=style["color"],
+                label=text(line["label"]))  # fmt: skip
+        ax.plot(
+            xs, [p["roofline_tok_s"] for p in line["points"]], linestyle="--", color=style["color"], alpha=0.7
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     for axis in (ax.xaxis, ax.yaxis):
         axis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("decode tokens/s")
-    ax.set_title(data["title"])
+    ax.set_xlabel(text("context length (tokens)"))
+    ax.set_ylabel(text("decode tokens/s"))
+    ax.set_title(title(data))
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1)
     return fig
 
 
 def memory_headroom(frame: pd.DataFrame) -> dict | None:
     """Peak memory of every newest receipt that ran under a cap, against that cap."""
-    rows = newest(frame)
     bars = []
-    for row in rows.itertuples():
+    for row in newest(frame).itertuples():
         mem = row.receipt["memory_cap"]
         if not mem or mem.get("cap_gib") is None:
             continue
         peak = mem.get("peak_reserved_gib", mem["peak_rss_gib"])
-        bars.append({"label": f"{row.name}\n{row.hardware_id}", "peak_gib": peak, "cap_gib": mem["cap_gib"],
+        bars.append({"label": f"{row.suite}: {row.name}", "peak_gib": peak, "cap_gib": mem["cap_gib"],
                      "measure": "peak reserved" if "peak_reserved_gib" in mem else "peak RSS",
-                     "receipt": row.path})  # fmt: skip
+                     "hardware_id": row.hardware_id, "receipt": row.path})  # fmt: skip
     if not bars:
         return None
+    bars.sort(key=lambda b: (natural_key(b["label"]), b["hardware_id"]))
     return {"title": "Peak memory against the cap", "bars": bars}
 
 
 def draw_headroom(data: dict) -> plt.Figure:
     bars = data["bars"]
-    fig, ax = plt.subplots(figsize=(6.4, 0.9 + 0.45 * len(bars)))
+    fig, ax = plt.subplots(figsize=(6.4, 0.9 + 0.3 * len(bars)), layout="constrained")
     y = list(range(len(bars)))
-    ax.barh(y, [b["cap_gib"] for b in bars], color="#dddddd", label="cap")
-    ax.barh(y, [b["peak_gib"] for b in bars], color="#3b6ea5", height=0.5, label="peak")
-    ax.set_yticks(y, [b["label"] for b in bars], fontsize=7)
+    ax.barh(y, [b["cap_gib"] for b in bars], color=NEUTRAL, label=text("cap"))
+    measures = sorted({b["measure"] for b in bars})
+    ax.barh(y, [b["peak_gib"] for b in bars], color=series_style(0)["color"], height=0.5,
+            label=text(" / ".join(measures)))  # fmt: skip
+    ax.set_yticks(y, [text(b["label"]) for b in bars], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("GiB")
-    ax.set_title(data["title"])
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    ax.set_xlabel(text("GiB"))
+    ax.set_title(title(data))
+    fig.legend(loc="outside lower center", ncol=2)
     return fig
 
 
@@ -200,11 +256,8 @@ def kernel_bandwidth(frame: pd.DataFrame) -> dict | None:
                      "copy_gbs": receipt["derived"]["copy_bandwidth_gbs"], "receipt": row.path})  # fmt: skip
     if not bars:
         return None
-    bars.sort(key=lambda b: (b["hardware_id"], b["label"]))
-    return {
-        "title": "Kernel bandwidth, % of measured copy bandwidth",
-        "bars": bars,
-    }
+    bars.sort(key=lambda b: (b["hardware_id"], natural_key(b["label"])))
+    return {"title": "Kernel bandwidth, % of measured copy bandwidth", "bars": bars}
 
 
 def draw_kernel_bandwidth(data: dict) -> plt.Figure:
@@ -212,16 +265,15 @@ def draw_kernel_bandwidth(data: dict) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(7.2, 1.0 + 0.3 * len(bars)), layout="constrained")
     y = list(range(len(bars)))
     hardware = sorted({b["hardware_id"] for b in bars})
-    colors = [f"C{hardware.index(b['hardware_id']) % 10}" for b in bars]
+    colors = [series_style(hardware.index(b["hardware_id"]))["color"] for b in bars]
     ax.barh(y, [b["percent_of_copy"] for b in bars], color=colors)
-    ax.set_yticks(y, [b["label"] for b in bars], fontsize=6)
+    ax.set_yticks(y, [text(b["label"]) for b in bars], fontsize=6)
     ax.invert_yaxis()
     ax.axvline(100, color="#222222", linewidth=0.8, linestyle="--")
-    for i, hw in enumerate(hardware):
-        ax.barh([], [], color=f"C{i % 10}", label=hw)
-    ax.legend(fontsize=6, loc="lower right")
-    ax.set_xlabel("% of copy bandwidth (Triton-interpreter runs on a CPU excluded)")
-    ax.set_title(data["title"])
+    if len(hardware) > 1:
+        _key(ax, hardware, fontsize=6, loc="lower right")
+    ax.set_xlabel(text("% of copy bandwidth (Triton-interpreter runs on a CPU excluded)"))
+    ax.set_title(title(data))
     ax.grid(axis="x", alpha=0.3)
     return fig
 
@@ -237,7 +289,7 @@ def _plan_order(plan: dict) -> tuple[str, int]:
 def plan_weight_bytes(frame: pd.DataFrame) -> dict | None:
     """Stored bytes of Kimi-Linear-48B per tensor class under each plan and group size (the accuracy
     receipts' `full_weight_bytes_*`; one bar per plan, whichever model the receipt measured)."""
-    plans: dict[str, dict] = {}
+    plans: dict[tuple, dict] = {}
     for row in _newest_suite(frame, "accuracy").itertuples():
         derived = row.receipt["derived"]
         parts = {
@@ -248,7 +300,7 @@ def plan_weight_bytes(frame: pd.DataFrame) -> dict | None:
         if parts:
             plan = row.receipt["config"]["plan"]
             plans.setdefault(_plan_order(plan), {"plan": _plan_label(plan), "gb": {k: v / 1e9 for k, v in sorted(parts.items())},
-                                     "receipt": row.path})  # fmt: skip
+                                                 "hardware_id": row.hardware_id, "receipt": row.path})  # fmt: skip
     if not plans:
         return None
     return {"title": "Kimi-Linear-48B stored weight bytes by tensor class, per plan",
@@ -262,45 +314,48 @@ def _stacked_bars(
     keys: list[str],
     fontsize: float | None = None,
 ) -> None:
-    """One horizontal bar per label, made of its `parts` in `keys` order (one colour per key), top down."""
+    """One horizontal bar per label, made of its `parts` in `keys` order (one style per key), top down."""
     y = list(range(len(labels)))
     left = [0.0] * len(labels)
     for i, key in enumerate(keys):
         widths = [p.get(key, 0.0) for p in parts]
-        ax.barh(y, widths, left=left, color=f"C{i % 10}", label=key)
+        style = series_style(i)
+        ax.barh(y, widths, left=left, color=style["color"], hatch=style["hatch"], edgecolor="white",
+                linewidth=0.3, label=text(key))  # fmt: skip
         left = [a + w for a, w in zip(left, widths, strict=True)]
-    ax.set_yticks(y, labels, fontsize=fontsize)
+    ax.set_yticks(y, [text(label) for label in labels], fontsize=fontsize)
     ax.invert_yaxis()
 
 
 def draw_plan_weight_bytes(data: dict) -> plt.Figure:
     plans = data["plans"]
+    # Largest class first; equal sizes by name, so the order (and so the colours) never depends on a hash.
     classes = sorted(
-        {c for p in plans for c in p["gb"]}, key=lambda c: -max(p["gb"].get(c, 0) for p in plans)
+        {c for p in plans for c in p["gb"]}, key=lambda c: (-max(p["gb"].get(c, 0) for p in plans), c)
     )
-    fig, ax = plt.subplots(figsize=(7.2, 1.2 + 0.4 * len(plans)))
+    fig, ax = plt.subplots(figsize=(7.2, 1.2 + 0.4 * len(plans)), layout="constrained")
     _stacked_bars(ax, [p["plan"] for p in plans], [p["gb"] for p in plans], classes)
-    ax.set_xlabel("GB (1e9 bytes)")
-    ax.set_title(data["title"])
+    ax.set_xlabel(text("GB (1e9 bytes)"))
+    ax.set_title(title(data))
     ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
     return fig
 
 
 def quantisation_quality(frame: pd.DataFrame) -> dict | None:
-    """Mean / max KL and top-1 agreement of each plan and group size, per model and hardware."""
+    """Mean / max KL and top-1 agreement of each plan and group size, per model, weights and hardware."""
     points = []
     for row in _newest_suite(frame, "accuracy").itertuples():
         receipt = row.receipt
-        derived = receipt["derived"]
-        points.append({"plan": _plan_label(receipt["config"]["plan"]), "order": _plan_order(receipt["config"]["plan"]),
-                       "model": f"{receipt['config']['model']} · {row.hardware_id}",
+        derived, cfg = receipt["derived"], receipt["config"]
+        points.append({"plan": _plan_label(cfg["plan"]), "order": _plan_order(cfg["plan"]),
+                       "model": f"{cfg['model']}, {weights_label(cfg)}",
                        "kl_mean_nats": derived["kl_mean_nats"], "kl_max_nats": derived["kl_max_nats"],
-                       "top1_agreement": derived["top1_agreement"], "receipt": row.path})  # fmt: skip
+                       "top1_agreement": derived["top1_agreement"], "hardware_id": row.hardware_id,
+                       "receipt": row.path})  # fmt: skip
     if not points:
         return None
-    points.sort(key=lambda p: (p["model"], p["order"]))
+    points.sort(key=lambda p: (p["model"], p["hardware_id"], p["order"]))
     return {"title": "Quantised vs unquantised: next-token KL and top-1 agreement", "points": points}
 
 
@@ -310,35 +365,38 @@ def draw_quantisation_quality(data: dict) -> plt.Figure:
         1, 2, figsize=(9.0, 1.4 + 0.4 * len(points)), sharey=True, layout="constrained"
     )
     y = list(range(len(points)))
-    labels = [f"{p['plan']}\n{p['model']}" for p in points]
-    kl.barh(y, [p["kl_mean_nats"] for p in points], color="#3b6ea5", label="mean")
-    kl.scatter(
-        [p["kl_max_nats"] for p in points], y, color="#c44e52", marker="|", s=80, label="max", zorder=3
-    )
-    kl.set_xlabel("KL(unquantised ‖ quantised), nats")
+    models = sorted({p["model"] for p in points})
+    labels = [text(p["plan"] + (f"\n{p['model']}" if len(models) > 1 else "")) for p in points]
+    kl.barh(y, [p["kl_mean_nats"] for p in points], color=series_style(0)["color"], label=text("mean"))
+    kl.scatter([p["kl_max_nats"] for p in points], y, color=series_style(3)["color"], marker="|", s=80,
+               label=text("max"), zorder=3)  # fmt: skip
+    kl.set_xlabel(text("KL(unquantised ‖ quantised), nats"))
     kl.legend(fontsize=7)
-    top1.barh(y, [p["top1_agreement"] for p in points], color="#55a868")
+    top1.barh(y, [p["top1_agreement"] for p in points], color=series_style(2)["color"])
     top1.set_xlim(0, 1)
-    top1.set_xlabel("top-1 agreement")
+    top1.set_xlabel(text("top-1 agreement"))
     kl.set_yticks(y, labels, fontsize=6)
     kl.invert_yaxis()
     for ax in (kl, top1):
         ax.grid(axis="x", alpha=0.3, which="both")
-    fig.suptitle(data["title"])
+    fig.suptitle(title(data | {"title": data["title"] + (f" — {models[0]}" if len(models) == 1 else "")}))
     return fig
 
 
 def llamacpp_vs_engine(frame: pd.DataFrame) -> dict | None:
     """Decode and prefill tokens/s (medians) of our engine, llama-bench and llama-server on each GGUF type,
     from the llama.cpp receipts (which carry the engine's medians of the same run)."""
-    groups: dict[str, dict] = {}
+    groups: dict[tuple, dict] = {}
     for row in _newest_suite(frame, "llamacpp").itertuples():
         receipt = row.receipt
         if "gguf_type" not in receipt["config"]:
             continue
         cfg, med = receipt["config"], {k: v["median"] for k, v in receipt["summary"].items()}
-        key = f"{cfg['model']} p{cfg['prompt_tokens']} n{cfg['generated_tokens']} t{cfg['threads']} · {row.hardware_id}"
-        group = groups.setdefault(key, {"label": key, "bars": {}})
+        label = (f"{cfg['model']}, {weights_label(cfg)}: prompt {cfg['prompt_tokens']}, "
+                 f"{cfg['generated_tokens']} generated, {cfg['threads']} thread(s)")  # fmt: skip
+        group = groups.setdefault(
+            (label, row.hardware_id), {"label": label, "hardware_id": row.hardware_id, "bars": {}}
+        )
         engine = f"engine {cfg['engine'].get('label', cfg['engine']['dtype'])}"  # dense / INT4 counterpart
         group["bars"][engine] = {
             "decode_tok_s": receipt["derived"]["engine_decode_tok_s"],
@@ -355,7 +413,7 @@ def llamacpp_vs_engine(frame: pd.DataFrame) -> dict | None:
                                                              "receipt": row.path}  # fmt: skip
     if not groups:
         return None
-    series = [{"label": g["label"], "bars": [{"name": k, **v} for k, v in sorted(g["bars"].items())]}
+    series = [g | {"bars": [{"name": k, **v} for k, v in sorted(g["bars"].items())]}
               for _, g in sorted(groups.items())]  # fmt: skip
     return {
         "title": "Same model, same machine: our engine against llama.cpp (median tokens/s)",
@@ -364,36 +422,41 @@ def llamacpp_vs_engine(frame: pd.DataFrame) -> dict | None:
 
 
 def draw_llamacpp(data: dict) -> plt.Figure:
-    rows = [(s["label"], b) for s in data["series"] for b in s["bars"]]
-    fig, axes = plt.subplots(1, 2, figsize=(9.0, 1.4 + 0.45 * len(rows)), sharey=True, layout="constrained")
+    rows = [(s, b) for s in data["series"] for b in s["bars"]]
+    fig, axes = plt.subplots(1, 2, figsize=(9.0, 1.6 + 0.4 * len(rows)), sharey=True, layout="constrained")
     y = list(range(len(rows)))
-    colors = ["#c44e52" if b["name"].startswith("engine") else "#3b6ea5" for _, b in rows]
-    for ax, metric, title in zip(axes, ("decode_tok_s", "prefill_tok_s"), ("decode", "prefill"), strict=True):
+    kinds = ["engine", "llama-bench", "llama-server"]
+    colors = [series_style(kinds.index(b["name"].split(" ")[0]))["color"] for _, b in rows]
+    for ax, metric, name in zip(axes, ("decode_tok_s", "prefill_tok_s"), ("decode", "prefill"), strict=True):
         values = [b[metric] for _, b in rows]
         ax.barh(y, values, color=colors)
         for yi, value in zip(y, values, strict=True):
             ax.annotate(f"{value:.4g}", (value, yi), xytext=(3, 0), textcoords="offset points", va="center",
                         fontsize=7)  # fmt: skip
-        ax.set_xlim(0, max(values) * 1.15)
-        ax.set_xlabel(f"{title} tokens/s")
+        ax.set_xlim(0, max(values) * 1.18)
+        ax.set_xlabel(text(f"{name} tokens/s"))
         ax.grid(axis="x", alpha=0.3)
-    axes[0].set_yticks(y, [f"{b['name']}\n{label}" for label, b in rows], fontsize=6)
+    several = len(data["series"]) > 1
+    axes[0].set_yticks(
+        y, [text(b["name"] + (f"\n{s['label']}" if several else "")) for s, b in rows], fontsize=7
+    )
     axes[0].invert_yaxis()
-    fig.suptitle(data["title"])
+    heading = data["title"] if several else f"{data['title']}\n{data['series'][0]['label']}"
+    fig.suptitle(title(data | {"title": heading}))
     return fig
 
 
 def decode_time_split(frame: pd.DataFrame) -> dict | None:
     """Median milliseconds per decode step spent in each model component, per profile receipt."""
-    rows = newest(frame)
-    rows = rows[rows["suite"] == "profile"]
+    rows = _newest_suite(frame, "profile")
     bars = [
         {
-            "label": f"{row.name}\n{row.hardware_id}",
+            "label": row.name,
             "parts": {k: v["median"] for k, v in row.receipt["summary"].items()},
+            "hardware_id": row.hardware_id,
             "receipt": row.path,
         }
-        for row in rows.itertuples()
+        for row in sorted(rows.itertuples(), key=lambda r: (natural_key(r.name), r.hardware_id))
     ]
     return {"title": "Where a decode step's time goes (median ms per step)", "bars": bars} if bars else None
 
@@ -401,21 +464,30 @@ def decode_time_split(frame: pd.DataFrame) -> dict | None:
 def draw_time_split(data: dict) -> plt.Figure:
     bars = data["bars"]
     components = list(dict.fromkeys(k for b in bars for k in b["parts"]))
-    fig, ax = plt.subplots(figsize=(8.4, 1.8 + 0.6 * len(bars)))
+    fig, ax = plt.subplots(figsize=(8.4, 1.8 + 0.6 * len(bars)), layout="constrained")
     _stacked_bars(ax, [b["label"] for b in bars], [b["parts"] for b in bars], components, fontsize=7)
-    ax.set_xlabel("ms per decode step")
-    ax.set_title(data["title"])
+    ax.set_xlabel(text("ms per decode step"))
+    ax.set_title(title(data))
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
     return fig
 
 
 FIGURES: list[Figure] = [
-    Figure("harness_selfcheck", suite_medians("harness", "encode_us"), draw_bars),
+    Figure(
+        "harness_selfcheck",
+        suite_medians("harness", "encode_us", "Harness self-check: encoding one SSE event", "time per event"),
+        draw_bars,
+    ),  # fmt: skip
     Figure("decode_throughput", decode_throughput, draw_decode),
     Figure("memory_headroom", memory_headroom, draw_headroom),
     Figure("decode_time_split", decode_time_split, draw_time_split),
-    Figure("proxy_overhead", suite_medians("proxy", "added_ms"), draw_bars),
+    Figure(
+        "proxy_overhead",
+        suite_medians(
+            "proxy", "added_ms", "Latency k3 adds per turn, through the proxy minus direct", "added latency"
+        ),
+        draw_bars,
+    ),  # fmt: skip
     Figure("proxy_vs_peers", proxy_vs_peers, draw_bars),
     Figure("proxy_load", proxy_load, draw_proxy_load),
     Figure("kernel_bandwidth", kernel_bandwidth, draw_kernel_bandwidth),
@@ -425,6 +497,28 @@ FIGURES: list[Figure] = [
 ]
 
 
+def _leaves(data: Any, key: str) -> list:
+    """Every value stored under `key` anywhere in the figure's data, in order."""
+    if isinstance(data, dict):
+        return [v for k, v in data.items() if k == key] + [x for v in data.values() for x in _leaves(v, key)]
+    if isinstance(data, list):
+        return [x for v in data for x in _leaves(v, key)]
+    return []
+
+
+def _annotate(data: dict, frame: pd.DataFrame) -> dict:
+    """Name the hardware once when a single machine is shown, and add the caption: which receipts (short
+    ids), measured at which commits, on which hardware."""
+    by_path = {row.path: row for row in frame.itertuples()}
+    rows = [by_path[p] for p in dict.fromkeys(_leaves(data, "receipt"))]
+    hardware = sorted({row.hardware_id for row in rows})
+    commits = sorted({row.commit for row in rows})
+    ids = ", ".join(short_id(row.receipt) for row in sorted(rows, key=lambda r: r.path))
+    caption = (f"{data['title']}. Hardware: {', '.join(hardware)}. {len(rows)} receipt(s) under results/: {ids}. "
+               f"Commit(s): {', '.join(commits)}. Regenerate with `python scripts/make_figures.py`.")  # fmt: skip
+    return data | {"hardware": hardware[0] if len(hardware) == 1 else None, "caption": caption}
+
+
 def build_all(results_dir: Path | None = None) -> dict[str, dict]:
     """Every figure's data from the receipts (figures no receipt feeds are left out)."""
     frame = load_frame(results_dir)
@@ -432,7 +526,7 @@ def build_all(results_dir: Path | None = None) -> dict[str, dict]:
     for figure in FIGURES:
         data = figure.build(frame)
         if data is not None:
-            out[figure.name] = data
+            out[figure.name] = _annotate(data, frame)
     return out
 
 
@@ -442,6 +536,7 @@ def data_json(data: dict) -> str:
 
 def write_all(results_dir: Path | None = None, out_dir: Path | None = None) -> list[Path]:
     """Regenerate every figure: <name>.png, <name>.pdf and <name>.json in docs/figures/."""
+    check_renderer()
     out_dir = Path(out_dir or FIGURES_DIR)
     out_dir.mkdir(parents=True, exist_ok=True)
     by_name = {f.name: f for f in FIGURES}
@@ -449,9 +544,7 @@ def write_all(results_dir: Path | None = None, out_dir: Path | None = None) -> l
     for name, data in build_all(results_dir).items():
         with plt.rc_context(STYLE):
             fig = by_name[name].draw(data)
-            fig.savefig(out_dir / f"{name}.png", metadata=PNG_METADATA)
-            fig.savefig(out_dir / f"{name}.pdf", metadata=PDF_METADATA)
-            plt.close(fig)
+            written += save(fig, out_dir / name, heading(data), data["caption"])
         (out_dir / f"{name}.json").write_text(data_json(data))
-        written += [out_dir / f"{name}.{ext}" for ext in ("png", "pdf", "json")]
+        written.append(out_dir / f"{name}.json")
     return written

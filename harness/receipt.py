@@ -190,6 +190,17 @@ def receipt_paths(results_dir: Path | None = None) -> list[Path]:
     return sorted(Path(results_dir or RESULTS_DIR).glob("*/*/*.json"))
 
 
+def is_dirty(receipt: dict) -> bool:
+    """Measured on a tree with uncommitted changes, or one whose state was not recorded: no reader can
+    rebuild the number from a commit."""
+    return receipt["hardware"].get("git", {}).get("dirty") is not False
+
+
+def short_id(receipt: dict) -> str:
+    """Seven hex digits of the receipt's hash: how the Summary and figure captions name it."""
+    return receipt["sha256"][:7]
+
+
 def resolve_field(receipt: dict, dotted: str) -> object:
     """`summary.tok_s.median` -> the value; raises KeyError naming the missing part."""
     value: object = receipt

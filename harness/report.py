@@ -7,7 +7,8 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from harness.receipt import RESULTS_DIR, load_receipt, receipt_paths
+from harness.receipt import RESULTS_DIR, load_receipt, receipt_paths, short_id
+from harness.summary import COLUMNS, DIRTY_MARK, not_measured, summary_rows
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -103,7 +104,7 @@ def _section(suite: str, rows: pd.DataFrame) -> dict:
             "name": row.name,
             "hardware_id": row.hardware_id,
             "commit": row.commit,
-            "file": Path(row.path).name,
+            "short_id": short_id(receipt),
             "path": row.path,
         }
         for metric, stats in receipt["summary"].items():
@@ -148,7 +149,18 @@ def render(results_dir: Path | None = None) -> str:
     latest = newest(frame)
     suites = [s for s in SUITES if s in set(latest["suite"])] + sorted(set(latest["suite"]) - set(SUITES))
     sections = [_section(suite, latest[latest["suite"] == suite]) for suite in suites]
-    return templates(TEMPLATES).get_template("RESULTS.md.j2").render(sections=sections, n_receipts=len(frame))
+    return (
+        templates(TEMPLATES)
+        .get_template("RESULTS.md.j2")
+        .render(
+            sections=sections,
+            n_receipts=len(frame),
+            summary=summary_rows(latest, fmt),
+            columns=COLUMNS,
+            dirty_mark=DIRTY_MARK,
+            gaps=not_measured(latest, {suite: title for suite, (title, _) in SUITES.items()}),
+        )
+    )
 
 
 def write_report(results_dir: Path | None = None) -> Path:

@@ -23,7 +23,7 @@ def make_receipt(tmp_path):
         units = units or {metric: "µs" for metric in samples}
         return write_receipt(
             suite, name, config={"seed": random.random()}, samples=samples, units=units,
-            results_dir=results, hardware=HARDWARE, command=["test"], **kwargs,
+            results_dir=results, hardware=kwargs.pop("hardware", HARDWARE), command=["test"], **kwargs,
         )  # fmt: skip
 
     make.results = results

@@ -1,7 +1,11 @@
 """Each audit finding, planted in a temporary copy of a clean project."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -10,6 +14,9 @@ from harness import figures, report
 from harness.audit import run_audit
 from harness.cli import main
 from harness.receipt import load_receipt
+from tests.harness.conftest import HARDWARE
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -22,7 +29,7 @@ def project(tmp_path, make_receipt):
     rel = path.relative_to(root / "results").as_posix()
     (root / "README.md").write_text(
         "# demo\n\nEncoding an event takes 1.50 µs <!-- receipt: " + rel + "#summary.encode_us.median -->.\n"
-        "The peer adds 0.23 ms per request <!-- cited: k3-behaviour.md §10 -->.\n"
+        "The peer adds 0.23 ms per request <!-- cited: https://github.com/RightNow-AI/local-kimi/blob/main/README.md -->.\n"
         "```\nnox -s bench-decode  # prints 100 tok/s inside a code block: not a claim\n```\n"
         "Run `curl --max-time 5%` in code spans freely.\n"
     )
@@ -121,7 +128,7 @@ def test_sizes_and_ratios_look_measured_only_next_to_hardware_or_speed_words(pro
     (root / "docs" / "SIZES.md").write_text(
         "Shards hold at most 4 GiB each and the plan keeps 2% of tensors.\n"  # not a claim
         "Decode reads 2.4 GB per token, 1.5× less than before.\n"  # two claims
-        "The H200 has 141 GB <!-- cited: vendor sheet --> and the state is 40 MiB <!-- computed: shapes -->.\n"
+        "The H200 has 141 GB <!-- cited: https://www.nvidia.com/en-us/data-center/h200/ --> and the state is 40 MiB <!-- computed: shapes -->.\n"
     )
     findings = run_audit(root)
     assert [(f.kind, f.where) for f in findings] == [("unbacked", "docs/SIZES.md:2")] * 2
@@ -175,9 +182,13 @@ def test_compare_flags_regressions(make_receipt):
     assert load_receipt(base)["summary"]["ms"]["median"] == 1.0
 
 
-def test_real_measurement_end_to_end(tmp_path):
+def test_real_measurement_end_to_end(tmp_path, monkeypatch):
     """A real (small) measurement → receipts → RESULTS.md → figures → a doc citing it → a clean audit."""
+    from harness import hardware
     from harness.selfcheck import run_selfcheck
+
+    # As if measured on a clean commit, whatever state this checkout is in while the tests run.
+    monkeypatch.setattr(hardware, "git_state", lambda: {"commit": "0" * 40, "dirty": False})
 
     orjson_path, json_path = run_selfcheck(repeats=3, batch=50, results_dir=tmp_path / "results")
     runner = CliRunner()
@@ -195,3 +206,64 @@ def test_real_measurement_end_to_end(tmp_path):
     runner.invoke(main, ["sync-docs", str(tmp_path / "README.md"), "--results", str(tmp_path / "results")])
     assert kinds(tmp_path) == []
     assert load_receipt(json_path)["summary"]["encode_us"]["n"] == 3
+
+
+@pytest.mark.parametrize("dirty", [True, None])
+def test_a_number_from_a_dirty_tree_is_refused(project, make_receipt, dirty):
+    root, _ = project
+    dirty_hardware = HARDWARE | {"git": {"commit": "fedcba9876543210", "dirty": dirty}}
+    path = make_receipt(name="dirty", samples={"encode_us": [2.0, 2.0]}, hardware=dirty_hardware)
+    (root / "results" / "RESULTS.md").write_text(report.render(root / "results"))
+    figures.write_all(root / "results", root / "docs" / "figures")
+    rel = path.relative_to(root / "results").as_posix()
+    (root / "docs" / "D.md").write_text(
+        f"It takes 2.0 µs <!-- receipt: {rel}#summary.encode_us.median -->.\n"
+    )
+    findings = run_audit(root)
+    assert [(f.kind, f.where) for f in findings] == [("dirty-receipt", "docs/D.md:1")]
+    assert path.stem in findings[0].message
+    assert ("fedcba9876+dirty" in findings[0].message) == bool(dirty)
+
+
+def test_citations_name_a_public_source_or_a_file_here(project):
+    root, _ = project
+    (root / "docs" / "C.md").write_text(
+        "a 1 ms <!-- cited: https://example.org/paper.pdf -->\n"
+        "b 1 ms <!-- cited: arXiv:2510.26692 §4 -->\n"
+        "c 1 ms <!-- cited: github.com/RightNow-AI/local-kimi README.md -->\n"
+        "d 1 ms <!-- cited: docs/NOTES.md -->\n"
+        "e 1 ms <!-- cited: shared/reference/k3-behaviour.md §10 -->\n"  # not in the repository
+        "f 1 ms <!-- cited: ../outside.md -->\n"
+        "g 1 ms <!-- cited: vendor sheet -->\n"
+    )
+    (root / "outside.md").touch()
+    findings = run_audit(root)
+    assert [(f.kind, f.where) for f in findings] == [
+        ("bad-citation", "docs/C.md:5"), ("bad-citation", "docs/C.md:6"), ("bad-citation", "docs/C.md:7")
+    ]  # fmt: skip
+
+
+def test_the_audit_checks_the_checkout_it_runs_in(tmp_path):
+    """From a copy of this repository with a planted defect, `python -m harness audit` (no --root) finds it."""
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for part in ("README.md", "docs", "results"):
+        source = REPO / part
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, copy / part)
+    subprocess.run(["git", "init", "-q", str(copy)], check=True)
+    readme = copy / "README.md"
+    readme.write_text(readme.read_text() + "\nDecode runs at 999 tok/s on an H200.\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-m", "harness", "audit"], cwd=copy / "docs", env=env,
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 1, out.stdout + out.stderr
+    planted = len(readme.read_text().splitlines())
+    assert f"unbacked: README.md:{planted}: '999 tok/s'" in out.stdout
+    assert str(copy.resolve()) in out.stderr
+
+
+def test_outside_a_checkout_the_audit_asks_for_a_root(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "GIT_CEILING_DIRECTORIES": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-m", "harness", "audit"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 2 and "--root" in out.stderr

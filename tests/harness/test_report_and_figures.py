@@ -80,3 +80,56 @@ def test_peer_comparison_has_a_bar_per_proxy_that_answered(tmp_path):
     assert labels == ["anthropic.json · k3", "anthropic.json · litellm", "responses.json · k3"]
     assert data["bars"][1]["median"] == sorted(peer)[4]
     assert "proxy_overhead" not in figures.build_all(results)  # peer receipts carry no added_ms
+
+
+def _decode_receipt(results, hardware=None, weights="synthetic weights"):
+    from harness.receipt import write_receipt
+    from tests.harness.conftest import HARDWARE
+
+    cfg = {"model": "synthetic-small", "dtype": "fp32", "batch": 1, "context": 17, "plan": None}
+    if weights is not None:
+        cfg["weights"] = weights
+    samples = {"decode_tok_s": [9.0, 10.0, 11.0], "ttft_ms": [180.0, 182.0, 184.0]}
+    return write_receipt(
+        "decode", "synthetic-small.fp32.ctx17.b1", config=cfg, samples=samples,
+        units={"decode_tok_s": "tok/s", "ttft_ms": "ms"}, derived={"fraction_of_roofline": 0.25,
+        "roofline_tok_s": 40.0}, results_dir=results, hardware=hardware or HARDWARE, command=["test"],
+    )  # fmt: skip
+
+
+def test_results_open_with_a_summary_row_per_configuration(tmp_path, make_receipt):
+    import json
+
+    path = _decode_receipt(make_receipt.results, weights=None)  # an old receipt: no `weights` field
+    make_receipt()
+    page = report.render(make_receipt.results)
+    sections = [line for line in page.splitlines() if line.startswith("## ")]
+    assert sections[0] == "## Summary"
+    row = next(line for line in page.splitlines() if line.startswith("| decode: synthetic-small"))
+    sha = json.loads(path.read_text())["sha256"][:7]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:5] == ["decode: synthetic-small, dense, FP32, batch 1, context 17", "cpu-2c-Test-CPU",
+                         "random (stress test)", "10", "25%"]  # fmt: skip
+    assert (
+        cells[6] == "182" and cells[-1] == f"[`{sha}`]({path.relative_to(make_receipt.results).as_posix()})"
+    )
+    assert "†" not in page
+
+
+def test_summary_marks_dirty_receipts_and_lists_what_is_not_measured(tmp_path):
+    from tests.harness.conftest import HARDWARE
+
+    results = tmp_path / "results"
+    _decode_receipt(results, hardware=HARDWARE | {"git": {"commit": "abc", "dirty": True}})
+    page = report.render(results)
+    row = next(line for line in page.splitlines() if line.startswith("| decode: "))
+    assert "†`]" in row and "the audit refuses it" in page
+    gaps = page[page.index("### Not measured yet") :]
+    assert "No GPU receipts at all" in gaps and "Prefill (`prefill`): no receipts yet." in gaps
+    assert "Decode throughput (`decode`): random weights only" in gaps
+
+    gpu = HARDWARE | {"hardware_id": "NVIDIA-H200", "gpus": [{"name": "NVIDIA H200"}]}
+    _decode_receipt(results, hardware=gpu, weights="moonshotai/Kimi-Linear-48B-A3B-Instruct")
+    gaps = report.render(results).split("### Not measured yet")[1]
+    assert "No GPU receipts at all" not in gaps and "Decode throughput (`decode`)" not in gaps
+    assert "Kernels (`kernels`): no receipts yet." in gaps

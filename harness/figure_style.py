@@ -1,0 +1,100 @@
+"""The one look of every figure: fonts, palette, text escaping and byte-stable saving.
+
+Text is Computer Modern through matplotlib's mathtext by default (the fonts ship with matplotlib, so every
+machine draws the same glyphs); `USE_TEX=1` renders it through a LaTeX install instead. Every string a
+figure shows goes through `text()`, which escapes it for whichever renderer is active: matplotlib's cmr10
+maps some ASCII (`_ < > { } | ~ \\`) and Latin-1 code points to other glyphs, so those become mathtext.
+PDFs embed TrueType fonts (`pdf.fonttype` 42), and neither PNG nor PDF carries a date or a version, so
+the same receipts give the same bytes in any process.
+
+Colours are the Okabe–Ito palette (distinguishable with the common colour-vision deficiencies); past its
+eight colours `series_style` adds hatches (bars) and marker shapes (lines), so no two series look alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+USE_TEX = os.environ.get("USE_TEX") == "1"
+# The Computer Modern fonts matplotlib ships carry a zero creation date; fontTools warns on every subset.
+logging.getLogger("fontTools.ttLib.tables._h_e_a_d").setLevel(logging.ERROR)
+
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#F0E442", "#000000")
+HATCHES = ("", "//", "..", "xx", "\\\\")
+MARKERS = ("o", "s", "^", "D", "v")
+NEUTRAL = "#BBBBBB"  # caps, reference lines: never a series colour
+
+_COMMON = {
+    "font.size": 9,
+    "axes.titlesize": 9,
+    "legend.fontsize": 7,
+    "figure.dpi": 100,
+    "savefig.dpi": 150,
+    "pdf.fonttype": 42,
+    "ps.fonttype": 42,
+    "svg.hashsalt": "local-kimi",
+    "axes.prop_cycle": matplotlib.cycler(color=PALETTE),
+    "hatch.linewidth": 0.6,
+}
+STYLE = _COMMON | (
+    {"text.usetex": True, "font.family": "serif", "text.latex.preamble": r"\usepackage{textcomp}"}
+    if USE_TEX
+    else {
+        # cmr10 first, DejaVu Serif for glyphs it lacks (en dash, arrows); maths in Computer Modern too.
+        "font.family": ["cmr10", "DejaVu Serif"],
+        "mathtext.fontset": "cm",
+        "axes.formatter.use_mathtext": True,  # cmr10 has no minus sign of its own
+    }
+)
+
+# Characters cmr10 would draw as another glyph, as mathtext; and the same characters for LaTeX.
+_MATHTEXT = {"_": r"$\_$", "<": "$<$", ">": "$>$", "{": r"$\{$", "}": r"$\}$", "|": "$|$", "~": r"$\sim$",
+             "\\": r"$\backslash$", "^": r"$\hat{}$", '"': "''", "`": "'", "$": r"\$", "µ": r"$\mu$",
+             "°": r"$^\circ$", "±": r"$\pm$", "²": "$^2$", "³": "$^3$", "‖": r"$\Vert$", "×": r"$\times$",
+             "·": r"$\cdot$", "≥": r"$\geq$", "≤": r"$\leq$", "→": r"$\to$", "−": "$-$"}  # fmt: skip
+_LATEX = {"_": r"\_", "%": r"\%", "&": r"\&", "#": r"\#", "$": r"\$", "{": r"\{", "}": r"\}",
+          "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "\\": r"\textbackslash{}", "<": r"\textless{}",
+          ">": r"\textgreater{}", "|": r"\textbar{}", "µ": r"\textmu{}", "°": r"\textdegree{}",
+          "±": r"\textpm{}", "‖": r"$\Vert$", "×": r"$\times$", "·": r"$\cdot$", "≥": r"$\geq$",
+          "≤": r"$\leq$", "→": r"$\to$", "−": "$-$", "–": "--", "—": "---"}  # fmt: skip
+
+
+def check_renderer() -> None:
+    """Fail early and clearly when USE_TEX=1 asks for a LaTeX that is not installed."""
+    if USE_TEX and not (shutil.which("latex") and shutil.which("dvipng")):
+        raise RuntimeError("USE_TEX=1 renders through LaTeX, which needs `latex` and `dvipng` on PATH; "
+                           "install a TeX distribution or unset USE_TEX to use mathtext")  # fmt: skip
+
+
+def text(s: str) -> str:
+    """`s` as the active renderer must receive it to show exactly `s`."""
+    table = _LATEX if USE_TEX else _MATHTEXT
+    return "".join(table.get(ch, ch) for ch in s)
+
+
+def series_style(i: int) -> dict:
+    """Colour plus, past the palette, a hatch and a marker: distinct for the first 40 series."""
+    cycle, colour = divmod(i, len(PALETTE))
+    return {
+        "color": PALETTE[colour],
+        "hatch": HATCHES[cycle % len(HATCHES)],
+        "marker": MARKERS[cycle % len(MARKERS)],
+    }
+
+
+def save(fig: plt.Figure, stem: Path, title: str, caption: str) -> list[Path]:
+    """`stem`.png and `stem`.pdf, with the title and caption as metadata and nothing that varies."""
+    png, pdf = stem.with_suffix(".png"), stem.with_suffix(".pdf")
+    fig.savefig(png, metadata={"Software": None, "Title": title, "Description": caption})
+    fig.savefig(pdf, metadata={"Creator": None, "Producer": None, "CreationDate": None, "Title": title,
+                               "Subject": caption})  # fmt: skip
+    plt.close(fig)
+    return [png, pdf]
