@@ -32,6 +32,7 @@ from k3.config import Config
 from k3.testing.fake_upstream import FakeUpstream
 from runners import proxy_load
 from runners.options import chosen, positive_ints
+from runners.outcome import report
 from runners.processes import server_process
 from runners.regenerate import regenerate
 
@@ -263,8 +264,7 @@ def proxy_command(iterations, warmup, clients, load_clients, load_seconds, warm_
             if "load" in wanted:
                 swept = load_sweep(k3_base, k3_proc, levels, kinds, load_seconds, warm_streams, receipt)
                 _print_sweep(swept)
-    for path in written:
-        click.echo(f"wrote {path}")
+    report(written)
     if not no_regenerate:
         regenerate(results)
     return written

@@ -81,3 +81,30 @@ def test_several_gpus_are_counted_in_the_id(monkeypatch):
     desc = hardware.describe()
     assert desc["hardware_id"] == "NVIDIA-H200-x2"
     assert desc["gpus"][1]["power_limit_w"] == 700.0
+
+
+def test_the_descriptor_records_other_processes_busy_beside_the_run():
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import harness.hardware as hardware
+
+    # Orphaned through a shell, so it is not this process's child (children are part of the run).
+    pid = int(
+        subprocess.run(
+            ["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+            capture_output=True, text=True, check=True,
+        ).stdout
+    )  # fmt: skip
+    try:
+        hardware._load_seen = None
+        load = hardware.machine_load(window_s=0.5)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        hardware._load_seen = None
+    assert load["disturbed"] is True and load["others_cpu_pct"] > hardware.BUSY_OTHERS_PCT
+    assert any(b["name"].startswith("python") and b["cpu_pct"] > 20 for b in load["busy_others"])
+    assert len(load["loadavg"]) == 3 and load["cpu_steal_pct"] >= 0
+    assert "load" in hardware.describe()
