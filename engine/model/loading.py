@@ -12,10 +12,11 @@ import dataclasses
 import json
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from engine.model.checkpoint_spec import TensorSpec, checkpoint_tensors
 from engine.model.config import KimiLinearConfig
@@ -30,7 +31,27 @@ _EXPERT = re.compile(r"^(model\.layers\.\d+\.block_sparse_moe\.experts)\.(\d+)\.
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that does not match its config: missing, unexpected or mis-shaped tensors."""
+    """A checkpoint that does not match its config (missing, unexpected, mis-shaped or mis-typed
+    tensors) or a shard that cannot be read (empty, truncated, a bad header)."""
+
+
+FLOAT_DTYPES = ("F16", "BF16", "F32")  # what safetensors headers call the dtypes a float weight may have
+
+
+@contextmanager
+def open_shard(shard: Path):
+    """`safe_open` of one shard, with a one-line error naming the file when it is not safetensors."""
+    try:
+        with safe_open(str(shard), framework="pt", device="cpu") as f:
+            yield f
+    except SafetensorError as e:
+        size = shard.stat().st_size if shard.exists() else 0
+        raise CheckpointError(
+            f"{shard} ({size} bytes) is not a readable safetensors file ({e}); it may be truncated, empty or "
+            "still being copied: copy it again"
+        ) from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read {shard}: {e.strerror or e}") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,14 +100,14 @@ class Checkpoint:
 
     def read(self, name: str) -> torch.Tensor:
         """One tensor by name (CPU, checkpoint dtype), for random access."""
-        with safe_open(str(self.path / self.weight_map[name]), framework="pt", device="cpu") as f:
+        with open_shard(self.path / self.weight_map[name]) as f:
             return f.get_tensor(name)
 
     def tensors(self, *, progress: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """Yield (name, CPU tensor in its checkpoint dtype), one shard open at a time."""
         with progress_bar(length=self.total_bytes, label=f"loading {self.path.name}", show=progress) as bar:
             for shard, names in self.shards.items():
-                with safe_open(str(self.path / shard), framework="pt", device="cpu") as f:
+                with open_shard(self.path / shard) as f:
                     for name in names:
                         yield name, f.get_tensor(name)
                         bar.update(self.specs[name].nbytes)
@@ -131,7 +152,7 @@ def _weight_map(path: Path) -> dict[str, str]:
             raise CheckpointError(f"{index} is not a safetensors index (no weight_map)") from e
     single = path / SINGLE_FILE
     if single.exists():
-        with safe_open(str(single), framework="pt") as f:
+        with open_shard(single) as f:
             return dict.fromkeys(f.keys(), SINGLE_FILE)
     raise CheckpointError(f"{path} has neither {INDEX_FILE} nor {SINGLE_FILE}")
 
@@ -139,12 +160,18 @@ def _weight_map(path: Path) -> dict[str, str]:
 def _check_shard(shard: Path, names: list[str], specs: dict[str, TensorSpec]) -> None:
     if not shard.exists():
         raise CheckpointError(f"shard {shard} listed in the index does not exist")
-    with safe_open(str(shard), framework="pt") as f:
+    with open_shard(shard) as f:
         present = set(f.keys())
         for name in names:
             if name not in present:
                 raise CheckpointError(f"tensor {name} is indexed to {shard.name} but is not in that file")
-            shape = tuple(f.get_slice(name).get_shape())
+            piece = f.get_slice(name)
+            if specs[name].dtype.is_floating_point and piece.get_dtype() not in FLOAT_DTYPES:
+                raise CheckpointError(
+                    f"tensor {name} in {shard} has dtype {piece.get_dtype()}, expected a float type "
+                    f"({', '.join(FLOAT_DTYPES)}; the real checkpoint stores BF16)"
+                )
+            shape = tuple(piece.get_shape())
             if shape != specs[name].shape:
                 raise CheckpointError(
                     f"tensor {name} in {shard.name} has shape {list(shape)}, expected {list(specs[name].shape)}"

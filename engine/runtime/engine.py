@@ -31,6 +31,7 @@ from engine.runtime.memory import (
     GIB,
     MemoryPlan,
     MemoryPlanError,
+    check_ram,
     dequantize_workspace_bytes,
     module_bytes,
     plan_memory,
@@ -171,6 +172,8 @@ class Engine:
             prefix_cache_bytes=0 if on_gpu else prefix_bytes,
             scores_materialized=not on_gpu,
         )
+        if not on_gpu and memory_cap_gib is None:
+            check_ram(plan)
         cap = MemoryCap(memory_cap_gib, device=str(device), poll_s=0.1)
         cap.__enter__()
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import psutil
 import torch
 
 from engine.model import KimiLinearConfig, SequenceCache
@@ -231,6 +232,19 @@ def plan_memory(
         f"a context of {max_context} tokens needs {needed}, over {cap}; at most {low} tokens fit "
         f"(--max-context {low}), or raise --memory-cap-gib to {_gib_up(total)}"
     )
+
+
+def check_ram(plan: MemoryPlan, ram_bytes: int | None = None) -> None:
+    """On the CPU without a cap: refuse, before anything is allocated, a plan larger than the machine's
+    physical memory (it would only end in swapping or the OOM killer)."""
+    ram = ram_bytes if ram_bytes is not None else psutil.virtual_memory().total
+    total = plan.fixed_bytes + plan.cache_bytes_max_context
+    if total > ram:
+        raise MemoryPlanError(
+            f"this model at a context of {plan.max_context} tokens needs {_gib(total)} GiB (weights "
+            f"{_gib(plan.weights_bytes)}), but this machine has {_gib(ram)} GiB of RAM: use smaller weights "
+            "(--synthetic small, a --quant plan) or a shorter --max-context"
+        )
 
 
 def _gib(n: int | None) -> str:

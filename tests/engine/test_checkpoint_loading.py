@@ -189,3 +189,44 @@ def test_loaded_values_are_the_checkpoint_values(tiny_dir, tiny_model):
     assert torch.equal(
         tiny_model.model.layers[1].self_attn.A_log, tensors["model.layers.1.self_attn.A_log"]
     )  # FP32 stays exact
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda data: data[: len(data) - 100], id="truncated"),
+        pytest.param(lambda data: b"", id="empty"),
+        pytest.param(lambda data: b"\x10\x00\x00\x00\x00\x00\x00\x00not a json header", id="bad-header"),
+    ],
+)
+def test_a_shard_that_is_not_safetensors_is_one_clear_error_naming_it(broken_dir, damage):
+    shard = sorted(broken_dir.glob("model-*.safetensors"))[0]
+    shard.write_bytes(damage(shard.read_bytes()))
+    with pytest.raises(CheckpointError) as refused:
+        Checkpoint.open(broken_dir)
+    message = str(refused.value)
+    assert str(shard) in message and "not a readable safetensors file" in message and "\n" not in message
+
+
+def test_a_tensor_of_the_wrong_dtype_is_named(broken_dir):
+    name = "model.layers.0.self_attn.q_proj.weight"
+
+    def to_int(tensors):
+        tensors[name] = tensors[name].to(torch.int8)
+
+    rewrite_shard_holding(broken_dir, name, to_int)
+    with pytest.raises(CheckpointError, match=rf"{name} in .* has dtype I8, expected a float type"):
+        Checkpoint.open(broken_dir)
+
+
+def test_serve_reports_a_broken_shard_in_one_line(broken_dir):
+    from click.testing import CliRunner
+
+    from engine.cli import main
+
+    shard = sorted(broken_dir.glob("model-*.safetensors"))[0]
+    shard.write_bytes(shard.read_bytes()[:-100])
+    result = CliRunner().invoke(main, ["serve", "--weights", str(broken_dir), "--device", "cpu"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert result.output.startswith("Error: ") and shard.name in result.output
+    assert result.output.count("\n") == 1

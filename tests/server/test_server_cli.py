@@ -132,3 +132,8 @@ def test_every_cli_has_a_version():
     for args in (["engine", "--version"], ["runners", "--version"], ["harness", "--version"]):
         result = subprocess.run([sys.executable, "-m", *args], capture_output=True, text=True, cwd=REPO_ROOT)
         assert result.returncode == 0 and result.stdout.split()[-1][0].isdigit(), (args, result)
+
+
+def test_a_model_larger_than_this_machines_ram_is_refused_before_allocating():
+    result = CliRunner().invoke(main, ["serve", "--synthetic", "full", "--device", "cpu"])
+    assert result.exit_code == 1 and "GiB of RAM" in result.output and "Traceback" not in result.output
