@@ -25,8 +25,9 @@ _ERROR_BODY_LIMIT = 64 * 1024
 DRAIN_AFTER_DONE = 0.5  # seconds to wait for the end of a body after `[DONE]` before cutting it
 
 
-def upstream_message(status: int, raw: bytes) -> str:
-    """The engine's own error message (OpenAI, vLLM, llama.cpp and FastAPI shapes), else its text."""
+def upstream_message(status: int, raw: bytes) -> tuple[str, str | None]:
+    """The engine's own error message (OpenAI, vLLM, llama.cpp and FastAPI shapes), else its text; and
+    the request field it blamed (OpenAI's `param`), when it named one."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -34,12 +35,13 @@ def upstream_message(status: int, raw: bytes) -> str:
     if isinstance(body, dict):
         error = body.get("error")
         if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"]
+            param = error.get("param")
+            return error["message"], param if isinstance(param, str) else None
         for value in (error, body.get("message"), body.get("detail")):
             if isinstance(value, str):
-                return value
+                return value, None
     text = raw[:2000].decode("utf-8", "replace").strip()
-    return text or f"upstream returned HTTP {status} with an empty body"
+    return text or f"upstream returned HTTP {status} with an empty body", None
 
 
 _PASSED_HEADERS = ("retry-after", "retry-after-ms")  # when to try again: the client's SDK reads them
@@ -47,7 +49,7 @@ _PASSED_HEADERS = ("retry-after", "retry-after-ms")  # when to try again: the cl
 
 def _status_error(response: httpx.Response, raw: bytes) -> ProxyError:
     """An engine 4xx/5xx with its own status and message, and its Retry-After for the client."""
-    message = upstream_message(response.status_code, raw)
+    message, param = upstream_message(response.status_code, raw)
     headers = [
         (name.encode(), response.headers[name].encode())
         for name in _PASSED_HEADERS
@@ -55,7 +57,7 @@ def _status_error(response: httpx.Response, raw: bytes) -> ProxyError:
     ]
     if "retry-after" in response.headers:
         message += f" (retry after {response.headers['retry-after']})"
-    return ProxyError(response.status_code, message, code="upstream_error", headers=headers)
+    return ProxyError(response.status_code, message, code="upstream_error", param=param, headers=headers)
 
 
 def _transport_error(exc: Exception, url: str) -> ProxyError:

@@ -60,6 +60,7 @@ class Reply:
     stop_reason: str | None = None  # vLLM's matched stop string
     status: int = 200  # >= 400: answer with an error body instead
     error: str = "scripted upstream error"
+    param: str | None = None  # the request field an error blames (OpenAI's `param`)
     chunk_chars: int = 8  # characters per streamed slice of text, reasoning and arguments
     delay: float = 0.0  # seconds before each streamed chunk (before the body, for JSON replies)
     cut_after: int | None = None  # end the stream after this many chunks: no finish, no [DONE]
@@ -311,6 +312,7 @@ class FakeUpstream:
                 "message": reply.error,
                 "type": "BadRequestError" if reply.status < 500 else "InternalServerError",
                 "code": reply.status,
+                "param": reply.param,
             }
             body = {"object": "error", **error, "error": error}
             return await self._json(send, reply.status, body, reply.headers)

@@ -461,3 +461,22 @@ async def test_count_tokens_estimates_without_a_tokenizer_and_never_fails_on_odd
             response = await client.post("/v1/messages/count_tokens", json=odd)
             assert response.status_code == 200 and response.json()["input_tokens"] >= 1
         assert (await client.post("/v1/messages/count_tokens", content=b"{bad")).status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+        ("/v1/responses", {"model": "m", "input": "hi"}),
+        (
+            "/v1/chat/completions",
+            {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+        ),
+    ],
+)
+async def test_the_field_an_engine_error_blames_reaches_openai_clients(client, fake, path, body):
+    fake.push(Reply(status=400, error="temperature must be at most 2", param="temperature"))
+    response = await client.post(path, json=body)
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == "temperature"
+    assert error["message"] == "temperature must be at most 2"
