@@ -434,3 +434,51 @@ def test_any_chunk_sequence_keeps_the_event_contract_or_fails_as_502():
         check_contract(events)
 
     run_()
+
+
+# The production stream folds native calls with k3.tools.native's rules (these failed when the
+# pipeline had its own folder).
+
+
+def test_a_growing_name_resent_on_each_delta_is_announced_once_not_joined():
+    events = run(
+        [
+            chunk({"tool_calls": [{"index": 0, "id": "call_a", "function": {"name": "get_"}}]}),
+            chunk({"tool_calls": [{"index": 0, "function": {"name": "get_weather", "arguments": "{}"}}]}),
+            chunk({}, "tool_calls"),
+        ]
+    )
+    assert [e for e in events if isinstance(e, ToolCallStart)] == [ToolCallStart(0, "call_a", "get_weather")]
+
+
+def test_items_without_index_that_repeat_their_id_continue_that_call():
+    events = run(
+        [
+            chunk({"tool_calls": [{"id": "call_a", "function": {"name": "f", "arguments": ""}}]}),
+            chunk({"tool_calls": [{"id": "call_a", "function": {"arguments": '{"a"'}}]}),
+            chunk({"tool_calls": [{"id": "call_a", "function": {"arguments": ": 1}"}}]}),
+            chunk({}, "tool_calls"),
+        ]
+    )
+    ends = [e for e in events if isinstance(e, ToolCallEnd)]
+    assert ends == [ToolCallEnd(0, "call_a", "f", '{"a": 1}')]
+
+
+def test_items_without_index_or_id_that_bring_a_name_start_a_new_call():
+    events = run(
+        [
+            chunk({"tool_calls": [{"function": {"name": "f", "arguments": '{"x": 1}'}}]}),
+            chunk({"tool_calls": [{"function": {"name": "g", "arguments": "{"}}]}),
+            chunk({"tool_calls": [{"function": {"arguments": "}"}}]}),  # continues g, the last touched
+            chunk({}, "tool_calls"),
+        ]
+    )
+    ends = [(e.index, e.name, e.arguments) for e in events if isinstance(e, ToolCallEnd)]
+    assert ends == [(0, "f", '{"x": 1}'), (1, "g", "{}")]
+
+
+def test_object_arguments_become_json_text():
+    events = run(
+        [chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": {"a": 1}}}]})]
+    )
+    assert next(e for e in events if isinstance(e, ToolCallEnd)).arguments == '{"a":1}'
