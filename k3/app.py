@@ -46,7 +46,7 @@ from k3.connection import (
     headers_of,
     send_json,
 )
-from k3.continuity import TurnMemory, open_memory
+from k3.continuity import TurnMemory, assistant_turns, open_memory
 from k3.detect import Detection, detect
 from k3.dialects import anthropic, chat, responses
 from k3.dialects.common import Turn, new_id
@@ -192,7 +192,7 @@ class K3:
             upstream_model = presets.upstream_model(
                 found.preset, request.model, self.config.model, self.config.small_model
             )
-            memory = TurnMemory(self.memory, headers, found.preset.name)
+            memory = TurnMemory(self.memory, headers, found.preset.name, assistant_turns(request.messages))
             payload = encode_payload(build_payload(request, self.config, upstream_model, memory), body)
         except ClientGone:
             self.stats.counters["disconnects"] += 1

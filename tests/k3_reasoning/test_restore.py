@@ -270,3 +270,18 @@ def test_ttl_uses_the_clock_through_the_memory():
     restored = mem.restore(client_echo(), signature, SESSION)  # expired: the signature still carries the text
     assert restored["reasoning_content"] == "I should check the weather."
     assert mem.stats()["expired"] == 1
+
+
+def test_identical_stripped_turns_restore_by_their_position_in_the_history():
+    mem = memory()
+    for position, reasoning in enumerate(("first look", "second look")):
+        turn = mem.begin_turn(SESSION, position)
+        for event in (
+            Reasoning(reasoning),
+            Text("Let me check."),
+            ToolCall("call_abc", "get_weather", RAW_ARGS),
+        ):
+            turn.add(event)
+        turn.commit()
+    assert mem.restore(client_echo(), None, SESSION, 0)["reasoning_content"] == "first look"
+    assert mem.restore(client_echo(), None, SESSION, 1)["reasoning_content"] == "second look"
