@@ -134,7 +134,7 @@ small_model_option = click.option(
     type=click.Path(dir_okay=False),
     envvar="K3_LEDGER",
     help="SQLite file (WAL) keeping each turn's exact reasoning and tool calls, so a restart loses "
-    "nothing (env K3_LEDGER). Default: in memory.",
+    "nothing (env K3_LEDGER); created mode 0600, refused when other users can read it. Default: in memory.",
 )
 @click.option(
     "--ledger-max-entries",
@@ -162,7 +162,8 @@ small_model_option = click.option(
     envvar="K3_STATE_DIR",
     type=click.Path(file_okay=False),
     help="Directory of the signing secret (k3-signing.key, mode 0600) that authenticates reasoning "
-    "signatures across restarts (env K3_STATE_DIR). Default: $XDG_STATE_HOME/k3 or ~/.local/state/k3.",
+    "signatures across restarts (env K3_STATE_DIR). Refused when group or others can write it, or "
+    "read the key, or the key is a symlink. Default: $XDG_STATE_HOME/k3 or ~/.local/state/k3.",
 )
 @click.option(
     "--connect-timeout", default=10.0, show_default=True, type=float, help="Seconds to connect upstream."

@@ -1,7 +1,7 @@
 """The ledger: the exact upstream assistant turns, so the next request can put them back.
 
 One SQLite table, in memory or in a file (`--ledger PATH`, WAL mode, so a proxy restart loses
-nothing). Entries are scoped by a session key: every lookup names its session, and another
+nothing; created 0600, and refused when other users can read it). Entries are scoped by a session key: every lookup names its session, and another
 session's entry is simply not there. Only a hash of the session key is stored.
 
 A client that strips reasoning is matched by the fingerprint of the visible turn plus its
@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 
 from k3.reasoning.fingerprint import fingerprint
+from k3.reasoning.private import check_private_file
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -75,7 +76,11 @@ class Ledger:
         else:
             directory = os.path.dirname(os.path.abspath(path))
             os.makedirs(directory, mode=0o700, exist_ok=True)
-            os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))  # private before SQLite touches it
+            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)  # private before SQLite touches it
+            try:
+                check_private_file(fd, path, f"run: chmod 600 {path}")
+            finally:
+                os.close(fd)
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")

@@ -180,6 +180,7 @@ def test_a_ledger_file_from_before_positions_is_upgraded(tmp_path, record):
         " size INTEGER NOT NULL, used_at REAL NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (scope, id)) WITHOUT ROWID;"
     )
     db.close()
+    os.chmod(path, 0o600)
     ledger = Ledger(path)
     ledger.put("s", "a", record, position=2)
     assert ledger.find("s", record, position=2) == record
