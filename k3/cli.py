@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import click
+import httpx
 
 from k3 import presets
-from k3.config import DEFAULT_MODEL, DEFAULT_UPSTREAM, REASONING_FIELDS, TOOL_PARSERS, Config
+from k3.config import DEFAULT_MODEL, DEFAULT_UPSTREAM, TOOL_PARSER_ALIASES, TOOL_PARSERS, Config
 from k3.detect import ROUTE_DIALECT, detect
 from k3.errors import ProxyError
 
@@ -48,8 +49,25 @@ class Duration(click.ParamType):
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="local-kimi", prog_name="k3", message="%(prog)s %(version)s")
 def main() -> None:
     """k3: let Claude Code, Codex, opencode, aider and the SDKs talk to a local OpenAI-Chat engine."""
+
+
+@main.command()
+def version() -> None:
+    """Print k3's version."""
+    click.echo(f"k3 {package_version()}")
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("local-kimi")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
 
 
 def _public_base(host: str, port: int) -> str:
@@ -59,12 +77,36 @@ def _public_base(host: str, port: int) -> str:
     return f"http://{shown}:{port}"
 
 
-def _print_setup(names: tuple[str, ...], base: str, token: str, model: str, small_model: str | None) -> None:
+SHELLS = ("posix", "powershell", "cmd")
+
+
+def default_shell() -> str:
+    """The paste-block syntax for this system: cmd or PowerShell on Windows, else posix."""
+    if os.name != "nt":
+        return "posix"
+    return "powershell" if os.environ.get("PSModulePath") else "cmd"
+
+
+def shell_line(line: str, shell: str) -> str:
+    """A setup line (written for a posix shell) in `shell`'s syntax: `export` lines and comments."""
+    if shell == "posix":
+        return line
+    if line.startswith("export ") and "=" in line:
+        name, _, value = line[len("export ") :].partition("=")
+        return f'$env:{name} = "{value}"' if shell == "powershell" else f"set {name}={value}"
+    if line.startswith("#") and shell == "cmd":
+        return "REM" + line[1:]
+    return line
+
+
+def _print_setup(
+    names: tuple[str, ...], base: str, token: str, model: str, small_model: str | None, shell: str = "posix"
+) -> None:
     for name in names:
         preset = presets.get(name)
         click.echo(f"\n# {preset.title}")
         for line in presets.setup_lines(preset, base=base, token=token, model=model, small_model=small_model):
-            click.echo(f"  {line}")
+            click.echo(f"  {shell_line(line, shell)}")
 
 
 upstream_option = click.option(
@@ -84,6 +126,12 @@ model_option = click.option(
 small_model_option = click.option(
     "--small-model", help="Engine model for small/fast client models (haiku, *-mini, ...); default: --model."
 )
+mock_option = click.option(
+    "--mock",
+    is_flag=True,
+    help="Answer from k3's scripted fake engine in-process (echoes the last user message; no GPU, "
+    "no --upstream needed): try a client's setup before an engine runs.",
+)
 
 
 @main.command()
@@ -91,6 +139,7 @@ small_model_option = click.option(
 @upstream_key_option
 @model_option
 @small_model_option
+@mock_option
 @click.option(
     "--host", default="127.0.0.1", show_default=True, help="Bind address (keep loopback unless --api-key)."
 )
@@ -108,18 +157,19 @@ small_model_option = click.option(
 @click.option("--api-key", envvar="K3_API_KEY", help="Require this token (Bearer or x-api-key) from clients.")
 @click.option(
     "--reasoning-field",
-    type=click.Choice(REASONING_FIELDS),
     default="reasoning_content",
     show_default=True,
-    help="Where the engine carries reasoning, both ways: a message key (reasoning_content, reasoning), "
-    "inline <think> in the content (think), the Kimi K3 think channel (kimi_k3), nowhere (none), or "
-    "auto: read whichever each reply uses and send it back the same way.",
+    help="Where the engine carries reasoning, both ways: a message key (reasoning_content, reasoning, "
+    "or any other key name, sent back under it), inline <think> in the content (think, alias inline), "
+    "the Kimi K3 think channel (kimi_k3), nowhere (none), or auto: read whichever each reply uses "
+    "and send it back the same way.",
 )
 @click.option(
     "--tool-parser",
-    type=click.Choice(TOOL_PARSERS),
+    type=click.Choice((*TOOL_PARSERS, *TOOL_PARSER_ALIASES)),
     default=None,
-    help="Parser for tool calls the engine writes in its text (native tool_calls are always read). "
+    help="Parser for tool calls the engine writes in its text (native tool_calls are always read); "
+    "kimi_k2 is kimi, none is passthrough. "
     "Default: the client preset's (passthrough); kimi_k3 with --reasoning-field kimi_k3.",
 )
 @click.option(
@@ -186,16 +236,46 @@ small_model_option = click.option(
     help="Seconds of silence before a stream keep-alive.",
 )
 @click.option(
+    "--strict-routes/--no-strict-routes",
+    default=False,
+    show_default=True,
+    help="With --client: answer 404 on the routes of dialects that client does not speak.",
+)
+@click.option(
+    "--cors-origin",
+    "cors_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Allow browser requests from this origin (repeatable; any method and header). Default: CORS off.",
+)
+@click.option(
+    "--public-url", help="Base URL shown in the setup block (e.g. behind a tunnel); default: HOST:PORT."
+)
+@click.option(
+    "--shell",
+    type=click.Choice(SHELLS),
+    default=None,
+    help="Syntax of the setup block's environment lines. Default: guessed from the system.",
+)
+@click.option(
+    "--access-log/--no-access-log",
+    default=False,
+    show_default=True,
+    help="Log one line per HTTP request (method, path, status) at INFO. Per-turn detail "
+    "(preset, models, tools) is at --log-level debug.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"]),
+    type=click.Choice(["trace", "debug", "info", "warning", "error", "critical"]),
 )
 def serve(
     upstream: str,
     upstream_api_key: str | None,
     model: str,
     small_model: str | None,
+    mock: bool,
     host: str,
     port: int,
     client: str | None,
@@ -212,6 +292,11 @@ def serve(
     read_timeout: float,
     max_body_mb: float,
     keepalive: float,
+    strict_routes: bool,
+    cors_origins: tuple[str, ...],
+    public_url: str | None,
+    shell: str | None,
+    access_log: bool,
     log_level: str,
 ) -> None:
     """Serve the three client dialects on HOST:PORT in front of the engine at --upstream."""
@@ -238,6 +323,8 @@ def serve(
             read_timeout=read_timeout,
             max_body_bytes=int(max_body_mb * 1024 * 1024),
             keepalive_interval=keepalive,
+            strict_routes=strict_routes,
+            cors_origins=cors_origins,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -259,37 +346,48 @@ def serve(
     base = _public_base(host, port)
     click.echo(f"k3 listening on {base}")
     click.echo(
-        f"upstream {config.upstream_base}/chat/completions  model {model}"
+        (
+            "upstream mock engine (no GPU needed)"
+            if mock
+            else f"upstream {config.upstream_base}/chat/completions"
+        )
+        + f"  model {model}"
         + (f"  small {small_model}" if small_model else "")
     )
     click.echo(
         f"client {'pinned: ' + client if client else f'auto-detected per request ({len(presets.PRESETS)} presets)'}"
     )
     click.echo(
-        f"reasoning field {reasoning_field}, tool parser {tool_parser or 'per preset'}; ledger "
+        f"reasoning field {config.reasoning_field}, tool parser {config.tool_parser or 'per preset'}; ledger "
         + (ledger_path or "in memory")
         + (f", signing key in {state_dir}" if state_dir else ", signatures valid until restart")
     )
     if host not in ("127.0.0.1", "::1", "localhost") and not api_key:
         click.echo("warning: listening beyond loopback without --api-key", err=True)
     _print_setup(
-        (client,) if client else ("claude-code", "openai"), base, api_key or "local", model, small_model
+        (client,) if client else ("claude-code", "openai"),
+        (public_url or base).rstrip("/"),
+        api_key or "local",
+        model,
+        small_model,
+        shell or default_shell(),
     )
     click.echo("\nother clients: k3 presets -v   (setup for every preset)")
     sys.stdout.flush()
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    k3_level = {"trace": "DEBUG"}.get(log_level, log_level.upper())  # trace: uvicorn's, below debug
+    logging.basicConfig(level=k3_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(
         max(logging.WARNING, logging.getLogger().level)
     )  # no line per side call
     try:
-        app = create_app(config)
+        app = create_app(config, upstream_transport=mock_transport() if mock else None)
     except (OSError, ValueError, sqlite3.Error) as exc:  # an unreadable ledger or secret
         raise click.UsageError(f"cannot open the reasoning ledger: {exc}") from None
     server = uvicorn.Server(
         uvicorn.Config(
             app,
             log_level=log_level,
-            access_log=False,
+            access_log=access_log,
             lifespan="on",
             timeout_graceful_shutdown=5,
         )
@@ -388,11 +486,19 @@ def detect_cmd(capture: Path | None, path: str, headers: tuple[str, ...], client
         click.echo(f"    dialect {dialect or 'any'}; {found.preset.title}")
 
 
+def mock_transport() -> httpx.AsyncBaseTransport:
+    """The `--mock` engine: k3's scripted fake, called in-process instead of over the network."""
+    from k3.testing.fake_upstream import FakeUpstream
+
+    return httpx.ASGITransport(app=FakeUpstream())
+
+
 @main.command()
 @upstream_option
 @upstream_key_option
 @model_option
 @small_model_option
+@mock_option
 @click.option(
     "--port", "-p", default=8080, show_default=True, type=int, help="Port k3 will serve on (for the setup)."
 )
@@ -403,14 +509,14 @@ def doctor(
     upstream_api_key: str | None,
     model: str,
     small_model: str | None,
+    mock: bool,
     port: int,
     api_key: str | None,
     no_generate: bool,
 ) -> None:
     """Probe the engine, then print copy-paste setup for Claude Code, Codex, opencode and aider."""
-    ok = asyncio.run(
-        _doctor(Config(upstream=upstream, upstream_api_key=upstream_api_key, model=model), not no_generate)
-    )
+    config = Config(upstream=upstream, upstream_api_key=upstream_api_key, model=model)
+    ok = asyncio.run(_doctor(config, not no_generate, mock_transport() if mock else None))
     _print_setup(DOCTOR_CLIENTS, _public_base("127.0.0.1", port), api_key or "local", model, small_model)
     click.echo(
         f"\nstart k3: k3 serve --upstream {upstream} --model {model}"
@@ -419,10 +525,10 @@ def doctor(
     sys.exit(0 if ok else 1)
 
 
-async def _doctor(config: Config, generate: bool) -> bool:
+async def _doctor(config: Config, generate: bool, transport: httpx.AsyncBaseTransport | None = None) -> bool:
     from k3.upstream import Upstream
 
-    upstream = Upstream(config)
+    upstream = Upstream(config, transport)
     ok = True
     try:
         click.echo(f"engine  {config.upstream_base}")

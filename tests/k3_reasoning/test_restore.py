@@ -213,7 +213,8 @@ def test_auto_field_replays_each_turn_in_its_detected_vehicle():
         == "<think>r</think>t"
     )
     with pytest.raises(ValueError, match="unknown reasoning field"):
-        memory("inline")
+        memory("in line")
+    assert memory("inline").reasoning_field == "think"  # the reference k3's name for it
 
 
 def test_commit_is_idempotent_and_write_errors_do_not_raise():
