@@ -249,6 +249,14 @@ mock_option = click.option(
     help="Allow browser requests from this origin (repeatable; any method and header). Default: CORS off.",
 )
 @click.option(
+    "--record",
+    "record_dir",
+    type=click.Path(file_okay=False),
+    help="Write one cassette (JSON: request, engine exchange, reply; credentials redacted) per turn "
+    "into this directory, for `k3 replay`.",
+)
+@click.option("--record-compress", is_flag=True, help="Gzip the cassettes (.json.gz).")
+@click.option(
     "--public-url", help="Base URL shown in the setup block (e.g. behind a tunnel); default: HOST:PORT."
 )
 @click.option(
@@ -294,6 +302,8 @@ def serve(
     keepalive: float,
     strict_routes: bool,
     cors_origins: tuple[str, ...],
+    record_dir: str | None,
+    record_compress: bool,
     public_url: str | None,
     shell: str | None,
     access_log: bool,
@@ -362,6 +372,8 @@ def serve(
         + (ledger_path or "in memory")
         + (f", signing key in {state_dir}" if state_dir else ", signatures valid until restart")
     )
+    if record_dir:
+        click.echo(f"record {record_dir}" + (" (gzip)" if record_compress else ""))
     if host not in ("127.0.0.1", "::1", "localhost") and not api_key:
         click.echo("warning: listening beyond loopback without --api-key", err=True)
     _print_setup(
@@ -381,6 +393,10 @@ def serve(
     )  # no line per side call
     try:
         app = create_app(config, upstream_transport=mock_transport() if mock else None)
+        if record_dir:
+            from k3.cassettes import recording
+
+            app = recording(app, record_dir, config, record_compress)
     except (OSError, ValueError, sqlite3.Error) as exc:  # an unreadable ledger or secret
         raise click.UsageError(f"cannot open the reasoning ledger: {exc}") from None
     server = uvicorn.Server(
@@ -406,6 +422,36 @@ def _usable_state_dir(state_dir: str | None) -> str | None:
         click.echo(f"warning: no state directory ({exc}); signatures will not survive a restart", err=True)
         return None
     return path
+
+
+@main.command(name="replay")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--verbose", "-v", is_flag=True, help="Show the differences of matching cassettes too.")
+@click.option(
+    "--state-dir",
+    envvar="K3_STATE_DIR",
+    type=click.Path(file_okay=False),
+    help="Signing-key directory the cassettes were recorded with (default: serve's).",
+)
+def replay_cmd(directory: Path, verbose: bool, state_dir: str | None) -> None:
+    """Replay the cassettes `serve --record` wrote: does k3 still send the engine and the client
+    what it did then (ids, timestamps and signatures aside)?"""
+    from k3.cassettes import load_cassettes, replay
+
+    cassettes = load_cassettes(directory) if directory.is_dir() else []
+    if not cassettes:
+        click.echo(f"no cassettes in {directory}")
+        sys.exit(1)
+    state = _usable_state_dir(state_dir)
+    matching = 0
+    for cassette in cassettes:
+        diffs = asyncio.run(replay(cassette, state))
+        matching += not diffs
+        click.echo(f"{'pass' if not diffs else 'FAIL'}  {cassette.get('name')}")
+        for line in diffs if diffs or verbose else ():
+            click.echo(f"      {line}")
+    click.echo(f"{matching}/{len(cassettes)} cassettes match")
+    sys.exit(0 if matching == len(cassettes) else 1)
 
 
 @main.command(name="presets")

@@ -62,6 +62,7 @@ def test_the_quickstart_command_line_parses_to_inline_think():
         *(["--shell", s] for s in ("posix", "powershell", "cmd")),
         *(["--log-level", lvl] for lvl in ("trace", "debug", "info", "warning", "error", "critical")),
         ["--access-log"],
+        ["--record", "cassettes", "--record-compress"],
     ],
 )
 def test_every_documented_serve_flag_and_value_is_accepted(args):
