@@ -103,6 +103,7 @@ class Recorder:
 
     def __init__(self, app: Any, directory: str, config: Config, compress: bool = False) -> None:
         self.app, self.directory, self.compress = app, Path(directory), compress
+        self.state = app.state  # what the server reads off the app (the K3 object) stays reachable
         self.config = {name: getattr(config, name) for name in CONFIG_FIELDS}
         self.directory.mkdir(parents=True, exist_ok=True)
         self._serial = itertools.count(1)
