@@ -30,6 +30,8 @@ from typing import Any
 import httpx
 import orjson
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
 from k3 import presets
@@ -46,7 +48,7 @@ from k3.connection import (
     headers_of,
     send_json,
 )
-from k3.continuity import TurnMemory, open_memory
+from k3.continuity import TurnMemory, assistant_turns, open_memory
 from k3.detect import Detection, detect
 from k3.dialects import anthropic, chat, responses
 from k3.dialects.common import Turn, new_id
@@ -135,6 +137,17 @@ class K3:
         self.late = LateStart()  # hang-up watches and keep-alive timers of long turns
         self.drain = Drain()  # the turns in flight, for a graceful shutdown
         self._api_key = config.api_key.encode() if config.api_key else None
+        # --strict-routes with --client: the dialects the pinned client does not speak get a 404.
+        pinned = presets.get(config.client) if config.client and config.strict_routes else None
+        self._strict_refused = {d for d in DIALECTS if d not in pinned.dialects} if pinned else set()
+
+    async def refuse_route(self, scope: Scope, send: Send) -> None:
+        """The 404 of --strict-routes, in the pinned client's dialect."""
+        name = self.config.client
+        err = ProxyError(
+            404, f"{scope['path']} is not served under --client {name} with --strict-routes", code="not_found"
+        )
+        await send_json(send, 404, error_body(presets.get(name).dialects[0], err))  # type: ignore[arg-type]
 
     # -- helpers --------------------------------------------------------------------------------
 
@@ -197,6 +210,8 @@ class K3:
     # -- the turn -------------------------------------------------------------------------------
 
     async def turn(self, scope: Scope, receive: Receive, send: Send, dialect: str) -> None:
+        if dialect in self._strict_refused:
+            return await self.refuse_route(scope, send)
         headers = headers_of(scope)
         try:
             if not self.authorized(headers):
@@ -216,7 +231,7 @@ class K3:
             upstream_model = presets.upstream_model(
                 found.preset, request.model, self.config.model, self.config.small_model
             )
-            memory = TurnMemory(self.memory, headers, found.preset.name)
+            memory = TurnMemory(self.memory, headers, found.preset.name, assistant_turns(request.messages))
             payload = encode_payload(build_payload(request, self.config, upstream_model, memory), body)
         except ClientGone:
             self.stats.counters["disconnects"] += 1
@@ -229,8 +244,8 @@ class K3:
         self.stats.counters["requests"] += 1
         self.stats.by_preset[found.preset.name] += 1
         self.stats.by_dialect[dialect] += 1
-        if log.isEnabledFor(logging.INFO):
-            log.info(
+        if log.isEnabledFor(logging.DEBUG):  # per request: DEBUG (--access-log gives one line each)
+            log.debug(
                 "%s -> %s (%s) model=%s->%s stream=%s tools=%d",
                 scope["path"], found.preset.name, found.reason, request.model, upstream_model,
                 request.stream, len(request.tools),
@@ -395,6 +410,8 @@ class K3:
     # -- side routes ----------------------------------------------------------------------------
 
     async def count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if "anthropic" in self._strict_refused:
+            return await self.refuse_route(scope, send)
         headers = headers_of(scope)
         try:
             if not self.authorized(headers):
@@ -521,9 +538,20 @@ class K3App(Starlette):
     def __init__(
         self, k3: K3, routes: list[Route], turns: dict[str, Callable[..., Awaitable[None]]], lifespan: Any
     ):
-        super().__init__(routes=routes, lifespan=lifespan)
+        middleware = []
+        if k3.config.cors_origins:  # --cors-origin: those origins only, any method and header
+            middleware.append(
+                Middleware(
+                    CORSMiddleware,
+                    allow_origins=list(k3.config.cors_origins),
+                    allow_methods=["*"],
+                    allow_headers=["*"],
+                )
+            )
+        super().__init__(routes=routes, lifespan=lifespan, middleware=middleware)
         self.state.k3 = k3
-        self._turns = turns
+        # Turns skip the middleware stack, unless CORS headers must be added to their answers.
+        self._turns = {} if middleware else turns
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":

@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import click
+import httpx
 
 from k3 import presets
 from k3.config import (
     DEFAULT_MODEL,
     DEFAULT_UPSTREAM,
-    REASONING_FIELDS,
+    TOOL_PARSER_ALIASES,
     TOOL_PARSERS,
     Config,
     without_credentials,
@@ -55,8 +56,25 @@ class Duration(click.ParamType):
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="local-kimi", prog_name="k3", message="%(prog)s %(version)s")
 def main() -> None:
     """k3: let Claude Code, Codex, opencode, aider and the SDKs talk to a local OpenAI-Chat engine."""
+
+
+@main.command()
+def version() -> None:
+    """Print k3's version."""
+    click.echo(f"k3 {package_version()}")
+
+
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("local-kimi")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
 
 
 def _public_base(host: str, port: int) -> str:
@@ -71,12 +89,36 @@ def _shown_token(api_key: str | None) -> str:
     return "<your --api-key>" if api_key else "local"
 
 
-def _print_setup(names: tuple[str, ...], base: str, token: str, model: str, small_model: str | None) -> None:
+SHELLS = ("posix", "powershell", "cmd")
+
+
+def default_shell() -> str:
+    """The paste-block syntax for this system: cmd or PowerShell on Windows, else posix."""
+    if os.name != "nt":
+        return "posix"
+    return "powershell" if os.environ.get("PSModulePath") else "cmd"
+
+
+def shell_line(line: str, shell: str) -> str:
+    """A setup line (written for a posix shell) in `shell`'s syntax: `export` lines and comments."""
+    if shell == "posix":
+        return line
+    if line.startswith("export ") and "=" in line:
+        name, _, value = line[len("export ") :].partition("=")
+        return f'$env:{name} = "{value}"' if shell == "powershell" else f"set {name}={value}"
+    if line.startswith("#") and shell == "cmd":
+        return "REM" + line[1:]
+    return line
+
+
+def _print_setup(
+    names: tuple[str, ...], base: str, token: str, model: str, small_model: str | None, shell: str = "posix"
+) -> None:
     for name in names:
         preset = presets.get(name)
         click.echo(f"\n# {preset.title}")
         for line in presets.setup_lines(preset, base=base, token=token, model=model, small_model=small_model):
-            click.echo(f"  {line}")
+            click.echo(f"  {shell_line(line, shell)}")
 
 
 upstream_option = click.option(
@@ -96,6 +138,12 @@ model_option = click.option(
 small_model_option = click.option(
     "--small-model", help="Engine model for small/fast client models (haiku, *-mini, ...); default: --model."
 )
+mock_option = click.option(
+    "--mock",
+    is_flag=True,
+    help="Answer from k3's scripted fake engine in-process (echoes the last user message; no GPU, "
+    "no --upstream needed): try a client's setup before an engine runs.",
+)
 
 
 @main.command()
@@ -103,6 +151,7 @@ small_model_option = click.option(
 @upstream_key_option
 @model_option
 @small_model_option
+@mock_option
 @click.option(
     "--host", default="127.0.0.1", show_default=True, help="Bind address (keep loopback unless --api-key)."
 )
@@ -120,18 +169,19 @@ small_model_option = click.option(
 @click.option("--api-key", envvar="K3_API_KEY", help="Require this token (Bearer or x-api-key) from clients.")
 @click.option(
     "--reasoning-field",
-    type=click.Choice(REASONING_FIELDS),
     default="reasoning_content",
     show_default=True,
-    help="Where the engine carries reasoning, both ways: a message key (reasoning_content, reasoning), "
-    "inline <think> in the content (think), the Kimi K3 think channel (kimi_k3), nowhere (none), or "
-    "auto: read whichever each reply uses and send it back the same way.",
+    help="Where the engine carries reasoning, both ways: a message key (reasoning_content, reasoning, "
+    "or any other key name, sent back under it), inline <think> in the content (think, alias inline), "
+    "the Kimi K3 think channel (kimi_k3), nowhere (none), or auto: read whichever each reply uses "
+    "and send it back the same way.",
 )
 @click.option(
     "--tool-parser",
-    type=click.Choice(TOOL_PARSERS),
+    type=click.Choice((*TOOL_PARSERS, *TOOL_PARSER_ALIASES)),
     default=None,
-    help="Parser for tool calls the engine writes in its text (native tool_calls are always read). "
+    help="Parser for tool calls the engine writes in its text (native tool_calls are always read); "
+    "kimi_k2 is kimi, none is passthrough. "
     "Default: the client preset's (passthrough); kimi_k3 with --reasoning-field kimi_k3.",
 )
 @click.option(
@@ -146,7 +196,7 @@ small_model_option = click.option(
     type=click.Path(dir_okay=False),
     envvar="K3_LEDGER",
     help="SQLite file (WAL) keeping each turn's exact reasoning and tool calls, so a restart loses "
-    "nothing (env K3_LEDGER). Default: in memory.",
+    "nothing (env K3_LEDGER); created mode 0600, refused when other users can read it. Default: in memory.",
 )
 @click.option(
     "--ledger-max-entries",
@@ -174,7 +224,8 @@ small_model_option = click.option(
     envvar="K3_STATE_DIR",
     type=click.Path(file_okay=False),
     help="Directory of the signing secret (k3-signing.key, mode 0600) that authenticates reasoning "
-    "signatures across restarts (env K3_STATE_DIR). Default: $XDG_STATE_HOME/k3 or ~/.local/state/k3.",
+    "signatures across restarts (env K3_STATE_DIR). Refused when group or others can write it, or "
+    "read the key, or the key is a symlink. Default: $XDG_STATE_HOME/k3 or ~/.local/state/k3.",
 )
 @click.option(
     "--connect-timeout", default=10.0, show_default=True, type=float, help="Seconds to connect upstream."
@@ -212,16 +263,54 @@ small_model_option = click.option(
     "an error event in their client's dialect.",
 )
 @click.option(
+    "--strict-routes/--no-strict-routes",
+    default=False,
+    show_default=True,
+    help="With --client: answer 404 on the routes of dialects that client does not speak.",
+)
+@click.option(
+    "--cors-origin",
+    "cors_origins",
+    multiple=True,
+    metavar="ORIGIN",
+    help="Allow browser requests from this origin (repeatable; any method and header). Default: CORS off.",
+)
+@click.option(
+    "--record",
+    "record_dir",
+    type=click.Path(file_okay=False),
+    help="Write one cassette (JSON: request, engine exchange, reply; credentials redacted) per turn "
+    "into this directory, for `k3 replay`.",
+)
+@click.option("--record-compress", is_flag=True, help="Gzip the cassettes (.json.gz).")
+@click.option(
+    "--public-url", help="Base URL shown in the setup block (e.g. behind a tunnel); default: HOST:PORT."
+)
+@click.option(
+    "--shell",
+    type=click.Choice(SHELLS),
+    default=None,
+    help="Syntax of the setup block's environment lines. Default: guessed from the system.",
+)
+@click.option(
+    "--access-log/--no-access-log",
+    default=False,
+    show_default=True,
+    help="Log one line per HTTP request (method, path, status) at INFO. Per-turn detail "
+    "(preset, models, tools) is at --log-level debug.",
+)
+@click.option(
     "--log-level",
     default="info",
     show_default=True,
-    type=click.Choice(["debug", "info", "warning", "error"]),
+    type=click.Choice(["trace", "debug", "info", "warning", "error", "critical"]),
 )
 def serve(
     upstream: str,
     upstream_api_key: str | None,
     model: str,
     small_model: str | None,
+    mock: bool,
     host: str,
     port: int,
     client: str | None,
@@ -240,6 +329,13 @@ def serve(
     max_sse_line_mb: float,
     keepalive: float,
     shutdown_grace: float,
+    strict_routes: bool,
+    cors_origins: tuple[str, ...],
+    record_dir: str | None,
+    record_compress: bool,
+    public_url: str | None,
+    shell: str | None,
+    access_log: bool,
     log_level: str,
 ) -> None:
     """Serve the three client dialects on HOST:PORT in front of the engine at --upstream."""
@@ -268,6 +364,8 @@ def serve(
             max_body_bytes=int(max_body_mb * 1024 * 1024),
             max_sse_line_bytes=max(1, int(max_sse_line_mb * 1024 * 1024)),
             keepalive_interval=keepalive,
+            strict_routes=strict_routes,
+            cors_origins=cors_origins,
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
@@ -289,34 +387,51 @@ def serve(
     base = _public_base(host, port)
     click.echo(f"k3 listening on {base}")
     click.echo(
-        f"upstream {config.upstream_base}/chat/completions  model {model}"
+        (
+            "upstream mock engine (no GPU needed)"
+            if mock
+            else f"upstream {config.upstream_base}/chat/completions"
+        )
+        + f"  model {model}"
         + (f"  small {small_model}" if small_model else "")
     )
     click.echo(
         f"client {'pinned: ' + client if client else f'auto-detected per request ({len(presets.PRESETS)} presets)'}"
     )
     click.echo(
-        f"reasoning field {reasoning_field}, tool parser {tool_parser or 'per preset'}; ledger "
+        f"reasoning field {config.reasoning_field}, tool parser {config.tool_parser or 'per preset'}; ledger "
         + (ledger_path or "in memory")
         + (f", signing key in {state_dir}" if state_dir else ", signatures valid until restart")
     )
+    if record_dir:
+        click.echo(f"record {record_dir}" + (" (gzip)" if record_compress else ""))
     if host not in ("127.0.0.1", "::1", "localhost") and not api_key:
         click.echo("warning: listening beyond loopback without --api-key", err=True)
     _print_setup(
-        (client,) if client else ("claude-code", "openai"), base, _shown_token(api_key), model, small_model
+        (client,) if client else ("claude-code", "openai"),
+        (public_url or base).rstrip("/"),
+        _shown_token(api_key),
+        model,
+        small_model,
+        shell or default_shell(),
     )
     click.echo("\nother clients: k3 presets -v   (setup for every preset)")
     sys.stdout.flush()
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    k3_level = {"trace": "DEBUG"}.get(log_level, log_level.upper())  # trace: uvicorn's, below debug
+    logging.basicConfig(level=k3_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(
         max(logging.WARNING, logging.getLogger().level)
     )  # no line per side call
     try:
-        app = create_app(config)
+        app = create_app(config, upstream_transport=mock_transport() if mock else None)
+        if record_dir:
+            from k3.cassettes import recording
+
+            app = recording(app, record_dir, config, record_compress)
     except (OSError, ValueError, sqlite3.Error) as exc:  # an unreadable ledger or secret
         raise click.UsageError(f"cannot open the reasoning ledger: {exc}") from None
     server = DrainingServer(
-        uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on"),
+        uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on"),
         app.state.k3.drain,
         shutdown_grace,
     )
@@ -334,6 +449,36 @@ def _usable_state_dir(state_dir: str | None) -> str | None:
         click.echo(f"warning: no state directory ({exc}); signatures will not survive a restart", err=True)
         return None
     return path
+
+
+@main.command(name="replay")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--verbose", "-v", is_flag=True, help="Show the differences of matching cassettes too.")
+@click.option(
+    "--state-dir",
+    envvar="K3_STATE_DIR",
+    type=click.Path(file_okay=False),
+    help="Signing-key directory the cassettes were recorded with (default: serve's).",
+)
+def replay_cmd(directory: Path, verbose: bool, state_dir: str | None) -> None:
+    """Replay the cassettes `serve --record` wrote: does k3 still send the engine and the client
+    what it did then (ids, timestamps and signatures aside)?"""
+    from k3.cassettes import load_cassettes, replay
+
+    cassettes = load_cassettes(directory) if directory.is_dir() else []
+    if not cassettes:
+        click.echo(f"no cassettes in {directory}")
+        sys.exit(1)
+    state = _usable_state_dir(state_dir)
+    matching = 0
+    for cassette in cassettes:
+        diffs = asyncio.run(replay(cassette, state))
+        matching += not diffs
+        click.echo(f"{'pass' if not diffs else 'FAIL'}  {cassette.get('name')}")
+        for line in diffs if diffs or verbose else ():
+            click.echo(f"      {line}")
+    click.echo(f"{matching}/{len(cassettes)} cassettes match")
+    sys.exit(0 if matching == len(cassettes) else 1)
 
 
 @main.command(name="presets")
@@ -414,11 +559,19 @@ def detect_cmd(capture: Path | None, path: str, headers: tuple[str, ...], client
         click.echo(f"    dialect {dialect or 'any'}; {found.preset.title}")
 
 
+def mock_transport() -> httpx.AsyncBaseTransport:
+    """The `--mock` engine: k3's scripted fake, called in-process instead of over the network."""
+    from k3.testing.fake_upstream import FakeUpstream
+
+    return httpx.ASGITransport(app=FakeUpstream())
+
+
 @main.command()
 @upstream_option
 @upstream_key_option
 @model_option
 @small_model_option
+@mock_option
 @click.option(
     "--port", "-p", default=8080, show_default=True, type=int, help="Port k3 will serve on (for the setup)."
 )
@@ -429,14 +582,14 @@ def doctor(
     upstream_api_key: str | None,
     model: str,
     small_model: str | None,
+    mock: bool,
     port: int,
     api_key: str | None,
     no_generate: bool,
 ) -> None:
     """Probe the engine, then print copy-paste setup for Claude Code, Codex, opencode and aider."""
-    ok = asyncio.run(
-        _doctor(Config(upstream=upstream, upstream_api_key=upstream_api_key, model=model), not no_generate)
-    )
+    config = Config(upstream=upstream, upstream_api_key=upstream_api_key, model=model)
+    ok = asyncio.run(_doctor(config, not no_generate, mock_transport() if mock else None))
     _print_setup(DOCTOR_CLIENTS, _public_base("127.0.0.1", port), _shown_token(api_key), model, small_model)
     click.echo(
         f"\nstart k3: k3 serve --upstream {without_credentials(upstream)} --model {model}"
@@ -445,10 +598,10 @@ def doctor(
     sys.exit(0 if ok else 1)
 
 
-async def _doctor(config: Config, generate: bool) -> bool:
+async def _doctor(config: Config, generate: bool, transport: httpx.AsyncBaseTransport | None = None) -> bool:
     from k3.upstream import Upstream
 
-    upstream = Upstream(config)
+    upstream = Upstream(config, transport)
     ok = True
     try:
         click.echo(f"engine  {config.upstream_base}")

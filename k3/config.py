@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit, urlunsplit
 
+from k3.reasoning.fields import FIELD_ALIASES, check_field
 from k3.sse import DEFAULT_MAX_LINE
 from k3.tools.registry import PARSER_NAMES
 
@@ -12,8 +13,11 @@ DEFAULT_UPSTREAM = "http://127.0.0.1:8000/v1"
 DEFAULT_MODEL = "kimi-linear"
 
 TOOL_PARSERS = PARSER_NAMES  # kimi_k3, kimi, hermes, json, pythonic, passthrough
-# Where the engine carries reasoning (k3.reasoning.fields), or "auto": read from each reply.
+# Where the engine carries reasoning (k3.reasoning.fields), or "auto": read from each reply; any
+# other key name is accepted too (sent back under that key).
 REASONING_FIELDS = ("reasoning_content", "reasoning", "think", "kimi_k3", "none", "auto")
+# The reference k3's names for the same things (its documented CLI values are all accepted).
+TOOL_PARSER_ALIASES = {"kimi_k2": "kimi", "none": "passthrough"}
 
 
 def without_credentials(url: str) -> str:
@@ -45,17 +49,26 @@ class Config:
     max_body_bytes: int = 64 * 1024 * 1024
     max_sse_line_bytes: int = DEFAULT_MAX_LINE  # longest upstream SSE line; longer ends the turn (502)
     keepalive_interval: float = 15.0  # seconds of upstream silence before a keep-alive frame
+    strict_routes: bool = False  # with `client`: 404 on the routes of dialects it does not speak
+    cors_origins: tuple[str, ...] = ()  # browser origins allowed (CORS); none: CORS off
 
     def __post_init__(self) -> None:
+        # Aliases become the canonical name, so the rest of k3 sees one spelling.
+        parser = TOOL_PARSER_ALIASES.get(self.tool_parser or "", self.tool_parser)
+        object.__setattr__(self, "tool_parser", parser)
         if self.tool_parser is not None and self.tool_parser not in TOOL_PARSERS:
             raise ValueError(
-                f"unknown --tool-parser {self.tool_parser!r}; choose one of: {', '.join(TOOL_PARSERS)}"
+                f"unknown --tool-parser {self.tool_parser!r}; choose one of: "
+                f"{', '.join((*TOOL_PARSERS, *TOOL_PARSER_ALIASES))}"
             )
-        if self.reasoning_field not in REASONING_FIELDS:
-            raise ValueError(
-                f"unknown --reasoning-field {self.reasoning_field!r}; "
-                f"choose one of: {', '.join(REASONING_FIELDS)}"
-            )
+        if self.reasoning_field != "auto":
+            try:
+                object.__setattr__(self, "reasoning_field", check_field(self.reasoning_field))
+            except ValueError:
+                raise ValueError(
+                    f"unknown --reasoning-field {self.reasoning_field!r}; choose one of: "
+                    f"{', '.join((*REASONING_FIELDS, *FIELD_ALIASES))}, or name a message key"
+                ) from None
         if self.reasoning_field == "kimi_k3" and self.tool_parser not in (None, "kimi_k3"):
             # The K3 think channel is part of the XTML that only the kimi_k3 parser reads.
             raise ValueError("--reasoning-field kimi_k3 needs --tool-parser kimi_k3 (or none given)")

@@ -14,7 +14,7 @@ this: a plain text answer is not recorded.
 from __future__ import annotations
 
 from k3.config import Config
-from k3.ir import Part, ReasoningPart, TextPart, ToolCallPart
+from k3.ir import Message, Part, ReasoningPart, TextPart, ToolCallPart
 from k3.reasoning import ReasoningMemory, session_key
 from k3.reasoning.memory import Turn
 from k3.tools.events import Reasoning, Text, ToolCall
@@ -33,6 +33,12 @@ def open_memory(config: Config) -> ReasoningMemory:
     )
 
 
+def assistant_turns(messages: list[Message]) -> int:
+    """How many assistant turns a history holds: the position of the turn that answers it, and
+    (counted up to a message) that message's position, so a repeated turn finds its own record."""
+    return sum(1 for message in messages if message.role == "assistant")
+
+
 def _session_header(headers: dict[str, str]) -> str | None:
     for name in SESSION_HEADERS:
         value = headers.get(name)
@@ -44,10 +50,14 @@ def _session_header(headers: dict[str, str]) -> str | None:
 class TurnMemory:
     """One request's access to the memory: restore on the way in, sign and record on the way out."""
 
-    __slots__ = ("_memory", "_headers", "_preset", "_key", "_turn", "committed")
+    __slots__ = ("_memory", "_headers", "_preset", "_position", "_key", "_turn", "committed")
 
-    def __init__(self, memory: ReasoningMemory, headers: dict[str, str], preset: str) -> None:
+    def __init__(
+        self, memory: ReasoningMemory, headers: dict[str, str], preset: str, position: int | None = None
+    ) -> None:
+        """`position`: the reply's place in the conversation (`assistant_turns` of the request)."""
         self._memory = memory
+        self._position = position
         self._headers = headers
         self._preset = preset
         self._key: str | None = None
@@ -62,9 +72,10 @@ class TurnMemory:
             self._key = session_key(credential, self._preset, _session_header(headers))
         return self._key
 
-    def restore(self, message: dict, signatures: list[str]) -> dict:
-        """The engine's form of a client assistant message (OpenAI-Chat, upstream tool-call ids)."""
-        return self._memory.restore(message, signatures, self.session)
+    def restore(self, message: dict, signatures: list[str], position: int | None = None) -> dict:
+        """The engine's form of a client assistant message (OpenAI-Chat, upstream tool-call ids),
+        `position` assistant messages into the history."""
+        return self._memory.restore(message, signatures, self.session, position)
 
     def sign(self, reasoning: str) -> str:
         """The signature of one reasoning segment of this turn (thinking signature, encrypted_content)."""
@@ -90,5 +101,5 @@ class TurnMemory:
 
     def _ledger_turn(self) -> Turn:
         if self._turn is None:
-            self._turn = self._memory.begin_turn(self.session)
+            self._turn = self._memory.begin_turn(self.session, self._position)
         return self._turn

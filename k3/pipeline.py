@@ -6,7 +6,9 @@ the engine writes reasoning inline (`--reasoning-field think` or `auto`). A pars
 `Text`, `Reasoning` and complete `ToolCall` events; the pipeline turns each call into
 ToolCallStart/ToolCallDelta/ToolCallEnd with its own index, closes open reasoning before visible
 output, and upgrades a plain `stop` to `tool_calls`. Native `tool_calls` deltas from the engine
-(streamed arguments, parallel calls, interleaved indices) are handled here whatever the parser.
+are folded by `k3.tools.native.NativeToolCalls` (its rules: ids, split or repeated names, items
+without an index) whatever the parser; the pipeline streams each call once it has a name and
+arguments, one call at a time (more of a call after the next one started is a 502).
 `reasoning_content` and `reasoning` delta keys are always read.
 
 Reasoning segments close in one place, `Translator._close_reasoning`, which asks the optional
@@ -20,8 +22,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
-
-import orjson
 
 from k3.errors import ProxyError
 from k3.ir import (
@@ -44,6 +44,7 @@ from k3.ir import (
 from k3.reasoning.fingerprint import visible_text
 from k3.tools import Parser, Reasoning, Text, ThinkSplitter, make_parser
 from k3.tools.ids import new_call_id
+from k3.tools.native import NativeToolCalls
 from k3.tools.passthrough import PassthroughParser
 
 
@@ -73,14 +74,13 @@ _FINISH = {
 }
 
 
-class _NativeCall:
-    __slots__ = ("id", "name", "args", "sent", "index", "started", "closed")
+class _Emission:
+    """How far one native call has reached the client."""
+
+    __slots__ = ("sent", "index", "started", "closed")
 
     def __init__(self) -> None:
-        self.id = ""
-        self.name = ""
-        self.args: list[str] = []
-        self.sent = 0  # how many fragments of `args` were already emitted
+        self.sent = 0  # how many argument pieces were already emitted
         self.index = -1  # our output index, assigned at start
         self.started = False
         self.closed = False
@@ -152,8 +152,9 @@ class Translator:
         self._stop = stop or ()
         self._input_estimate = input_estimate
         self._reasoning: list[str] | None = None  # the open reasoning segment
-        self._calls: dict[int, _NativeCall] = {}
-        self._active: _NativeCall | None = None  # the native call whose deltas stream now
+        self._native = NativeToolCalls()  # the folding rules (k3.tools.native)
+        self._emitted: dict[int, _Emission] = {}  # per folded call, keyed like the fold
+        self._active: int | None = None  # the native call whose deltas stream now
         self._next_index = 0
         self._usage: Usage | None = None
         self._finish_reason: str | None = None
@@ -198,8 +199,7 @@ class Translator:
             calls = delta.get("tool_calls")
             if calls and isinstance(calls, list):
                 for fragment in calls:
-                    if isinstance(fragment, dict):
-                        self._native(fragment, out)
+                    self._native_fragment(fragment, out)
         reason = choice.get("finish_reason")
         if reason and isinstance(reason, str):
             self._finish_reason = reason
@@ -213,10 +213,11 @@ class Translator:
         self._apply(self._parser.finish(), out)
         self._close_reasoning(out)
         self._close_active(out)
-        for call in self._calls.values():
-            if not call.closed and call.name:  # a call the engine never named cannot be run: dropped
-                self._start(call, out)
-                self._close(call, out)
+        for key, emission in self._emitted.items():
+            # A call the engine never named cannot be run: dropped.
+            if not emission.closed and self._native[key].name:
+                self._start(key, out)
+                self._close(key, out)
         stop: StopReason = _FINISH.get(self._finish_reason or "stop", "stop")  # type: ignore[assignment]
         if self.tool_calls and stop == "stop":
             stop = "tool_calls"
@@ -274,64 +275,51 @@ class Translator:
                     out.append(ToolCallDelta(index, event.arguments))
                 out.append(ToolCallEnd(index, call_id, event.name, event.arguments))
 
-    def _native(self, fragment: dict[str, Any], out: list[Event]) -> None:
-        key = fragment.get("index")
-        if not isinstance(key, int) or isinstance(key, bool):
-            # No index: a fragment with a new id opens a call, one without continues the last.
-            continues = self._calls and not fragment.get("id")
-            key = next(reversed(self._calls)) if continues else max(self._calls, default=-1) + 1
-        call = self._calls.get(key)
-        if call is None:
-            call = self._calls[key] = _NativeCall()
-        elif call.closed:
+    def _native_fragment(self, fragment: object, out: list[Event]) -> None:
+        key = self._native.fold(fragment)
+        if key is None:
+            return
+        emission = self._emitted.setdefault(key, _Emission())
+        if emission.closed:
             raise ProxyError(
                 502,
                 f"upstream sent more of tool call {key} after starting another one",
                 code="upstream_protocol",
             )
-        call_id = fragment.get("id")
-        if isinstance(call_id, str) and call_id and not call.started:
-            call.id = call_id
-        function = fragment.get("function")
-        if isinstance(function, dict):
-            name = function.get("name")
-            # Names may arrive split; some engines repeat the whole name on every delta.
-            if isinstance(name, str) and name and not call.started and name != call.name:
-                call.name += name
-            args = function.get("arguments")
-            if isinstance(args, str) and args:
-                call.args.append(args)
-                self._chars += len(args)
-            elif isinstance(args, dict):  # a few engines send an object; keep it as JSON text
-                call.args.append(orjson.dumps(args).decode())
-        if call is not self._active:
-            if not call.name or not call.args:
+        if key != self._active:
+            call = self._native[key]
+            if not call.name or not call.arguments:
                 return  # hold the start until the name is whole and arguments have begun
             self._close_active(out)
             self._close_reasoning(out)
-            self._start(call, out)
-            self._active = call
-        if call.sent < len(call.args):
-            out.append(ToolCallDelta(call.index, "".join(call.args[call.sent :])))
-            call.sent = len(call.args)
+            self._start(key, out)
+            self._active = key
+        self._send_arguments(key, out)
 
-    def _start(self, call: _NativeCall, out: list[Event]) -> None:
-        if call.started:
+    def _start(self, key: int, out: list[Event]) -> None:
+        emission = self._emitted[key]
+        if emission.started:
             return
-        call.started = True
-        call.index = self._next_index
+        emission.started = True
+        emission.index = self._next_index
         self._next_index += 1
         self.tool_calls += 1
-        if not call.id:
-            call.id = new_call_id()
-        out.append(ToolCallStart(call.index, call.id, call.name))
+        call = self._native[key]
+        out.append(ToolCallStart(emission.index, call.mint_id(), call.name))
 
-    def _close(self, call: _NativeCall, out: list[Event]) -> None:
-        if call.sent < len(call.args):
-            out.append(ToolCallDelta(call.index, "".join(call.args[call.sent :])))
-            call.sent = len(call.args)
-        call.closed = True
-        out.append(ToolCallEnd(call.index, call.id, call.name, "".join(call.args)))
+    def _send_arguments(self, key: int, out: list[Event]) -> None:
+        emission, pieces = self._emitted[key], self._native[key].arguments
+        if emission.sent < len(pieces):
+            text = "".join(pieces[emission.sent :])
+            self._chars += len(text)
+            out.append(ToolCallDelta(emission.index, text))
+            emission.sent = len(pieces)
+
+    def _close(self, key: int, out: list[Event]) -> None:
+        self._send_arguments(key, out)
+        emission, call = self._emitted[key], self._native[key]
+        emission.closed = True
+        out.append(ToolCallEnd(emission.index, call.id, call.name, "".join(call.arguments)))
 
     def _close_active(self, out: list[Event]) -> None:
         if self._active is not None:

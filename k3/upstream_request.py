@@ -45,9 +45,10 @@ def split_think(text: str) -> tuple[str, str]:
 
 
 def assistant_to_upstream(
-    message: Message, config: Config, memory: TurnMemory | None = None
+    message: Message, config: Config, memory: TurnMemory | None = None, position: int | None = None
 ) -> dict[str, Any] | None:
-    """The engine-side form of one assistant turn; None when it carries nothing at all."""
+    """The engine-side form of one assistant turn (`position` assistant turns into the history);
+    None when it carries nothing at all."""
     text: list[str] = []
     reasoning: list[str] = []  # reasoning the client sent without a signature (Chat echo)
     signatures: list[str] = []
@@ -81,7 +82,7 @@ def assistant_to_upstream(
             echo["reasoning_content"] = echoed
         if calls:
             echo["tool_calls"] = calls
-        return memory.restore(echo, signatures)
+        return memory.restore(echo, signatures, position)
     field = "reasoning_content" if config.reasoning_field == "auto" else config.reasoning_field
     return render_upstream({"content": visible, "reasoning": echoed, "tool_calls": calls}, field)
 
@@ -114,13 +115,15 @@ def messages_to_upstream(
 ) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     pending_images: list[ImagePart] = []  # images returned by tools, shown after the run of results
+    position = 0  # assistant turns so far (k3.continuity.assistant_turns)
     for message in messages:
         role = message.role
         if pending_images and role != "tool":
             out.append({"role": "user", "content": [_image(p) for p in pending_images]})
             pending_images = []
         if role == "assistant":
-            lowered = assistant_to_upstream(message, config, memory)
+            lowered = assistant_to_upstream(message, config, memory, position)
+            position += 1
             if lowered is not None:
                 out.append(lowered)
         elif role == "tool":

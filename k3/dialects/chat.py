@@ -41,7 +41,7 @@ from k3.ir import (
     Usage,
 )
 from k3.sse import DONE, unnamed
-from k3.tools.ids import new_call_id
+from k3.tools.ids import from_chat_id, new_call_id, to_chat_id
 
 ID_PREFIX = "chatcmpl-"
 DEFAULT_SCHEMA = {"type": "object", "properties": {}}
@@ -116,7 +116,7 @@ def _assistant(raw: dict[str, Any], where: str) -> Message:
         call = as_dict(call, call_where)
         function = as_dict(call.get("function"), f"{call_where}.function")
         name = as_str(function.get("name"), f"{call_where}.function.name")
-        call_id = opt_str(call.get("id"), f"{call_where}.id") or new_call_id()
+        call_id = from_chat_id(opt_str(call.get("id"), f"{call_where}.id") or "") or new_call_id()
         parts.append(ToolCallPart(call_id, name, arguments_text(function.get("arguments"))))
     legacy = raw.get("function_call")
     if legacy is not None:
@@ -137,7 +137,7 @@ def _messages(value: Any) -> list[Message]:
         elif role == "assistant":
             messages.append(_assistant(raw, where))
         elif role in ("tool", "function"):
-            call_id = opt_str(raw.get("tool_call_id"), f"{where}.tool_call_id") or ""
+            call_id = from_chat_id(opt_str(raw.get("tool_call_id"), f"{where}.tool_call_id") or "")
             text, images = _tool_content(raw.get("content"), f"{where}.content")
             messages.append(Message("tool", [ToolResultPart(call_id, text, False, images)]))
         elif role == "user":
@@ -231,7 +231,11 @@ def usage_json(usage: Usage) -> dict[str, Any]:
 
 
 def _tool_call(index: int, part: ToolCallPart) -> dict[str, Any]:
-    return {"id": part.id, "type": "function", "function": {"name": part.name, "arguments": part.arguments}}
+    return {
+        "id": to_chat_id(part.id),
+        "type": "function",
+        "function": {"name": part.name, "arguments": part.arguments},
+    }
 
 
 def render(response: CanonicalResponse, turn: Turn) -> dict[str, Any]:
@@ -299,7 +303,7 @@ class Stream:
         if isinstance(event, ToolCallStart):
             call = {
                 "index": event.index,
-                "id": event.id,
+                "id": to_chat_id(event.id),
                 "type": "function",
                 "function": {"name": event.name, "arguments": ""},
             }

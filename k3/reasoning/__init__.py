@@ -6,12 +6,13 @@ Public interface:
   secret_dir=None, max_entries=4096, max_bytes=128 MiB, ttl_s=7 days, max_signature_bytes=1 MiB)`
   – the one object the proxy holds (`reasoning_field` may be "auto": each turn is then sent back
   in the vehicle detected for it, `Turn.field`).
-  * `begin_turn(session) -> Turn`; `Turn.entry_id`, `Turn.field`, `Turn.add(event)` for every
+  * `begin_turn(session, position=None) -> Turn` (`position`: how many assistant turns precede
+    this one in the conversation); `Turn.entry_id`, `Turn.field`, `Turn.add(event)` for every
     `k3.tools` event in order, `Turn.sign(segment_text) -> str` (thinking-block signature /
     `encrypted_content`), `Turn.commit()` (idempotent; call it when the upstream stream ends,
     before the last client bytes, and again in a `finally`).
-  * `restore(message, signatures, session) -> dict`: the exact upstream assistant message for a
-    client's assistant message (OpenAI-Chat form, tool-call ids already mapped back to upstream
+  * `restore(message, signatures, session, position=None) -> dict`: the exact upstream assistant
+    message for a client's assistant message (`position` assistant messages before it) (OpenAI-Chat form, tool-call ids already mapped back to upstream
     ids); `signatures` is the turn's signature(s) or None.
   * `stats()` – entries, bytes, hits, misses, fingerprint_hits, fingerprint_misses, evictions,
     expired, signature_restores, rejected_signatures, write_errors. `close()`.

@@ -1,11 +1,13 @@
 """`--reasoning-field`: where the engine carries reasoning, both ways.
 
 * `reasoning_content` / `reasoning`: a message (or delta) key of that name.
-* `think`: inline `<think>…</think>` at the start of `content` (split with
+* `think` (alias `inline`): inline `<think>…</think>` at the start of `content` (split with
   `k3.tools.ThinkSplitter` on the way in).
 * `kimi_k3`: the XTML think channel (split by the `kimi_k3` tool parser on the way in). Sent
   back as `reasoning_content`, which the K3 chat template renders into the think channel.
 * `none`: the engine shows no reasoning; none is sent back.
+* any other key name (`thinking`, ...): sent back under that message key (as the reference k3
+  does); reading still uses `reasoning_content` / `reasoning`, the keys engines stream.
 
 Stored turns keep reasoning apart from the visible text, so rendering for the engine happens at
 restore time, in whatever mode is configured then.
@@ -14,14 +16,27 @@ restore time, in whatever mode is configured then.
 from __future__ import annotations
 
 import copy
+import re
 
 REASONING_FIELDS = ("reasoning_content", "reasoning", "think", "kimi_k3", "none")
 _KEYS = {"reasoning_content": "reasoning_content", "reasoning": "reasoning", "kimi_k3": "reasoning_content"}
 
 
+_KEY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+FIELD_ALIASES = {"inline": "think"}  # the reference k3's name
+
+
 def check_field(field: str) -> str:
-    if field not in REASONING_FIELDS:
-        raise ValueError(f"unknown reasoning field {field!r}; choose one of: {', '.join(REASONING_FIELDS)}")
+    """The canonical name of `field` (a known mode, an alias of one, or a message key name);
+    else ValueError."""
+    field = FIELD_ALIASES.get(field, field)
+    if field not in REASONING_FIELDS and not _KEY_NAME.fullmatch(field):
+        raise ValueError(
+            f"unknown reasoning field {field!r}; choose one of: {', '.join(REASONING_FIELDS)}, "
+            "or name a message key (letters, digits, _)"
+        )
     return field
 
 
@@ -65,8 +80,8 @@ def render_upstream(record: dict, field: str) -> dict:
         message["content"] = "".join(
             f"<think>{t}</think>" if kind == "reasoning" else t for kind, t in segments
         )
-    elif field in _KEYS and reasoning:
-        message[_KEYS[field]] = reasoning
+    elif field != "none" and reasoning:
+        message[_KEYS.get(field, field)] = reasoning
     if record.get("tool_calls"):
         message["tool_calls"] = copy.deepcopy(record["tool_calls"])
     return message

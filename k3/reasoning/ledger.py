@@ -1,8 +1,13 @@
 """The ledger: the exact upstream assistant turns, so the next request can put them back.
 
 One SQLite table, in memory or in a file (`--ledger PATH`, WAL mode, so a proxy restart loses
-nothing). Entries are scoped by a session key: every lookup names its session, and another
+nothing; created 0600, and refused when other users can read it). Entries are scoped by a session key: every lookup names its session, and another
 session's entry is simply not there. Only a hash of the session key is stored.
+
+A client that strips reasoning is matched by the fingerprint of the visible turn plus its
+position (how many assistant turns precede it in the history): an agent that repeats a turn
+word for word gets each copy's own reasoning back. When no entry has that position (the client
+compacted its history), the newest entry with the fingerprint answers.
 
 Bounded by entry count and total bytes (least recently used goes first) and by a TTL measured
 from last use, so a long agent session keeps its early turns while it is active. All methods
@@ -21,6 +26,7 @@ import time
 from collections.abc import Callable
 
 from k3.reasoning.fingerprint import fingerprint
+from k3.reasoning.private import check_private_file
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS entries (
@@ -31,6 +37,7 @@ CREATE TABLE IF NOT EXISTS entries (
     size INTEGER NOT NULL,
     used_at REAL NOT NULL,
     seq INTEGER NOT NULL,
+    pos INTEGER,
     PRIMARY KEY (scope, id)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS entries_by_fp ON entries (scope, fp, seq);
@@ -69,40 +76,53 @@ class Ledger:
         else:
             directory = os.path.dirname(os.path.abspath(path))
             os.makedirs(directory, mode=0o700, exist_ok=True)
-            os.close(os.open(path, os.O_CREAT | os.O_RDWR, 0o600))  # private before SQLite touches it
+            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)  # private before SQLite touches it
+            try:
+                check_private_file(fd, path, f"run: chmod 600 {path}")
+            finally:
+                os.close(fd)
             self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None, timeout=10)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(entries)")}
+        if "pos" not in columns:  # a ledger file written before positions were recorded
+            self._db.execute("ALTER TABLE entries ADD COLUMN pos INTEGER")
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
 
-    def put(self, session_key: str, entry_id: str, record: dict) -> None:
-        """Store (or replace) a turn record; evicts least recently used entries over the limits."""
+    def put(self, session_key: str, entry_id: str, record: dict, position: int | None = None) -> None:
+        """Store (or replace) a turn record, `position` assistant turns into its conversation;
+        evicts least recently used entries over the limits."""
         text = json.dumps(record, separators=(",", ":"))  # ASCII escapes keep lone surrogates storable
         now = self._clock()
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._expire(now)
             self._db.execute(
-                "INSERT INTO entries (scope, id, fp, record, size, used_at, seq) VALUES (?, ?, ?, ?, ?, ?, "
-                " (SELECT COALESCE(MAX(seq), 0) + 1 FROM entries)) "
+                "INSERT INTO entries (scope, id, fp, record, size, used_at, seq, pos) VALUES (?, ?, ?, ?, ?, ?, "
+                " (SELECT COALESCE(MAX(seq), 0) + 1 FROM entries), ?) "
                 "ON CONFLICT (scope, id) DO UPDATE SET fp = excluded.fp, record = excluded.record, "
-                " size = excluded.size, used_at = excluded.used_at, seq = excluded.seq",
-                (scope_of(session_key), entry_id, fingerprint(record), text, len(text), now),
+                " size = excluded.size, used_at = excluded.used_at, seq = excluded.seq, pos = excluded.pos",
+                (scope_of(session_key), entry_id, fingerprint(record), text, len(text), now, position),
             )
             self._evict()
 
     def get(self, session_key: str, entry_id: str) -> dict | None:
         """The record stored under this id for this session, or None."""
-        return self._lookup("id", (scope_of(session_key), entry_id), "hits", "misses")
+        return self._lookup("id", (scope_of(session_key), entry_id), None, "hits", "misses")
 
-    def find(self, session_key: str, message: dict) -> dict | None:
-        """The newest record of this session whose visible text and tool calls match `message`."""
+    def find(self, session_key: str, message: dict, position: int | None = None) -> dict | None:
+        """The record of this session whose visible text and tool calls match `message`: the one
+        recorded at `position` when there is one, else the newest."""
         return self._lookup(
-            "fp", (scope_of(session_key), fingerprint(message)), "fingerprint_hits", "fingerprint_misses"
+            "fp",
+            (scope_of(session_key), fingerprint(message)),
+            position,
+            "fingerprint_hits",
+            "fingerprint_misses",
         )
 
     def stats(self) -> dict:
@@ -110,14 +130,17 @@ class Ledger:
             entries, total = self._db.execute("SELECT COUNT(*), TOTAL(size) FROM entries").fetchone()
             return {"entries": entries, "bytes": int(total), **self._counts}
 
-    def _lookup(self, column: str, key: tuple[str, str], hit: str, miss: str) -> dict | None:
+    def _lookup(
+        self, column: str, key: tuple[str, str], position: int | None, hit: str, miss: str
+    ) -> dict | None:
         now = self._clock()
         with self._lock, self._db:
             self._db.execute("BEGIN IMMEDIATE")
             self._expire(now)
             row = self._db.execute(
-                f"SELECT id, record FROM entries WHERE scope = ? AND {column} = ? ORDER BY seq DESC LIMIT 1",
-                key,
+                f"SELECT id, record FROM entries WHERE scope = ? AND {column} = ? "
+                "ORDER BY pos IS ? DESC, seq DESC LIMIT 1",
+                (*key, position),
             ).fetchone()
             if row is None:
                 self._counts[miss] += 1

@@ -3,16 +3,18 @@ put the exact upstream message back when the client returns the turn.
 
     memory = ReasoningMemory.open(ledger_path, reasoning_field="reasoning_content")
     # answering a request
-    turn = memory.begin_turn(session)            # mints the ledger entry id
+    turn = memory.begin_turn(session, position)  # mints the ledger entry id; position: assistant
+                                                  # turns before this one in the history
     turn.add(event)                               # every Text / Reasoning / ToolCall, in order
     signature = turn.sign(segment_reasoning)      # per reasoning segment, for thinking blocks / encrypted_content
     turn.commit()                                 # as soon as the upstream stream ends (idempotent)
     # next request, for each assistant message the client sent back (OpenAI-Chat form)
-    upstream_message = memory.restore(message, signatures, session)
+    upstream_message = memory.restore(message, signatures, session, position)
 
 Restoration order: (1) the ledger entry named by an authentic signature of this session, (2)
 the reasoning text carried inside such signatures, (3) the fingerprint of the visible text and
-tool calls (clients that strip reasoning), else the client's own message. Signatures are HMACs
+tool calls at that position in the history (clients that strip reasoning; identical turns each
+get their own), else the client's own message. Signatures are HMACs
 bound to the session: forged, edited, oversized or other sessions' signatures are ignored and
 never reach the engine. A stored turn only replaces a client message whose tool calls (names, in
 order) match it; the client's tool-call ids are kept, since the tool results refer to them.
@@ -57,8 +59,9 @@ def _tool_names(message: dict) -> list[str]:
 class Turn:
     """One upstream response being recorded (see the module docstring)."""
 
-    def __init__(self, memory: ReasoningMemory, session: str) -> None:
+    def __init__(self, memory: ReasoningMemory, session: str, position: int | None = None) -> None:
         self.entry_id = secrets.token_hex(16)
+        self.position = position
         self.field: str | None = None  # the detected reasoning vehicle, when the memory runs on "auto"
         self._memory, self._session = memory, session
         self._segments: list[tuple[str, list[str]]] = []  # ("reasoning" | "text", pieces), in order
@@ -111,7 +114,7 @@ class Turn:
         if self._committed:
             return
         self._committed = True
-        self._memory.remember(self._session, self.entry_id, self.record())
+        self._memory.remember(self._session, self.entry_id, self.record(), self.position)
 
 
 class ReasoningMemory:
@@ -148,21 +151,24 @@ class ReasoningMemory:
     def close(self) -> None:
         self.ledger.close()
 
-    def begin_turn(self, session: str) -> Turn:
-        return Turn(self, session)
+    def begin_turn(self, session: str, position: int | None = None) -> Turn:
+        return Turn(self, session, position)
 
     def session_tag(self, session: str) -> str:
         return scope_of(session)[:16]
 
-    def remember(self, session: str, entry_id: str, record: dict) -> None:
+    def remember(self, session: str, entry_id: str, record: dict, position: int | None = None) -> None:
         try:
-            self.ledger.put(session, entry_id, record)
+            self.ledger.put(session, entry_id, record, position)
         except sqlite3.Error:  # losing one turn's memory must not fail the response
             log.exception("ledger write failed")
             self._count("write_errors")
 
-    def restore(self, message: dict, signatures: str | list[str] | None, session: str) -> dict:
-        """The upstream assistant message to send for a client's assistant message."""
+    def restore(
+        self, message: dict, signatures: str | list[str] | None, session: str, position: int | None = None
+    ) -> dict:
+        """The upstream assistant message to send for a client's assistant message, the one with
+        `position` assistant messages before it in the history."""
         payloads = []
         for signature in [signatures] if isinstance(signatures, str) else signatures or []:
             payload = self.codec.verify(signature)
@@ -178,7 +184,7 @@ class ReasoningMemory:
         if texts:
             self._count("signature_restores")
             return self._render(self._client_record(message, "".join(texts)), message)
-        record = self.ledger.find(session, message)
+        record = self.ledger.find(session, message, position)
         if record is not None and self._matches(record, message):
             return self._render(record, message)
         return self._render(self._client_record(message, echoed_reasoning(message)), message)

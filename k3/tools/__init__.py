@@ -16,8 +16,9 @@ Public interface:
   calls keeps its order.
 * `ThinkSplitter(inner=None, *, start_in_think=False)`: `<think>…</think>` in content becomes
   Reasoning, the rest goes through `inner` (a parser from `make_parser`). Same feed/finish.
-* `NativeToolCalls()`: `.add(delta["tool_calls"])` per upstream chunk (or once with a full
-  message's `tool_calls`), `.calls() -> list[ToolCall]` in index order, arguments byte-exact.
+* `NativeToolCalls()`: the one native tool-call folder (the pipeline streams from it):
+  `.add(delta["tool_calls"])` per upstream chunk (or once with a full message's `tool_calls`),
+  or `.fold(item)` per item; `.calls() -> list[ToolCall]` in index order, arguments byte-exact.
 * `k3.tools.ids`: `new_call_id()`, `to_anthropic_id` / `from_anthropic_id` (`toolu_…`),
   `to_responses_id` / `from_responses_id` (`call_…`): reversible maps from the upstream id.
 """

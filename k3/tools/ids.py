@@ -4,7 +4,9 @@ The upstream id (what the engine sees in `tool_calls[].id` and `tool_call_id`) i
 one. Client dialects get an id with their customary prefix; the mapping is injective and exactly
 reversible, so the id a client sends back always maps to the upstream id it was given:
 
-* Chat: identity (the upstream already speaks Chat).
+* Chat: identity (the upstream already speaks Chat) for ids made only of `[A-Za-z0-9_-]`; any
+  other id, such as the Kimi K2 model-native `functions.bash:0`, becomes
+  `call_k3e_` + base64url(id), so clients see a proxy id while the engine gets its own back.
 * Anthropic (`tool_use.id`, pattern `[A-Za-z0-9_-]+`): `toolu_…`.
 * Responses (`function_call.call_id`): `call_…`.
 
@@ -58,6 +60,21 @@ def from_client_id(client_id: str, prefix: str) -> str:
         # Only an id we could have minted maps back; anything else is foreign.
         return upstream_id if to_client_id(upstream_id, prefix) == client_id else client_id
     return client_id
+
+
+def to_chat_id(upstream_id: str) -> str:
+    """The Chat client's id: the upstream id itself when it is plain, else an encoded proxy id."""
+    if _SAFE.fullmatch(upstream_id) is not None:
+        return upstream_id
+    return to_client_id(upstream_id, RESPONSES_PREFIX)
+
+
+def from_chat_id(client_id: str) -> str:
+    """Inverse of `to_chat_id`; any other id (a plain one, one the client invented) is unchanged."""
+    if not client_id.startswith(RESPONSES_PREFIX + "k3e_"):
+        return client_id
+    upstream_id = from_client_id(client_id, RESPONSES_PREFIX)
+    return upstream_id if to_chat_id(upstream_id) == client_id else client_id
 
 
 def to_anthropic_id(upstream_id: str) -> str:

@@ -54,8 +54,8 @@ def test_serve_rejects_bad_options_before_binding():
     assert unknown.exit_code == 2 and "claude-code" in unknown.output
     parser = CliRunner().invoke(main, ["serve", "--tool-parser", "kimi_k9", "--port", "0"])
     assert parser.exit_code == 2 and "kimi_k3" in parser.output and "pythonic" in parser.output
-    field = CliRunner().invoke(main, ["serve", "--reasoning-field", "inline", "--port", "0"])
-    assert field.exit_code == 2 and "think" in field.output and "auto" in field.output
+    field = CliRunner().invoke(main, ["serve", "--reasoning-field", "<think>", "--port", "0"])
+    assert field.exit_code == 2 and "think" in field.output and "inline" in field.output
     clash = CliRunner().invoke(
         main, ["serve", "--reasoning-field", "kimi_k3", "--tool-parser", "hermes", "--port", "0"]
     )

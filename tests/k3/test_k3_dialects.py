@@ -337,7 +337,12 @@ def test_config_rejects_unknown_parsers_and_fields():
     with pytest.raises(ValueError, match="unknown --tool-parser"):
         Config(tool_parser="kimi_k9")
     with pytest.raises(ValueError, match="unknown --reasoning-field"):
-        Config(reasoning_field="inline")
+        Config(reasoning_field="in line")
+    assert Config(reasoning_field="inline").reasoning_field == "think"  # the reference k3's name
+    assert (
+        Config(tool_parser="kimi_k2").tool_parser == "kimi"
+        and Config(tool_parser="none").tool_parser == "passthrough"
+    )
     with pytest.raises(ValueError, match="needs --tool-parser kimi_k3"):
         Config(reasoning_field="kimi_k3", tool_parser="json")
     assert Config(reasoning_field="kimi_k3").parser_for("passthrough") == "kimi_k3"

@@ -434,3 +434,84 @@ def test_any_chunk_sequence_keeps_the_event_contract_or_fails_as_502():
         check_contract(events)
 
     run_()
+
+
+# The production stream folds native calls with k3.tools.native's rules (these failed when the
+# pipeline had its own folder).
+
+
+def test_a_growing_name_resent_on_each_delta_is_announced_once_not_joined():
+    events = run(
+        [
+            chunk({"tool_calls": [{"index": 0, "id": "call_a", "function": {"name": "get_"}}]}),
+            chunk({"tool_calls": [{"index": 0, "function": {"name": "get_weather", "arguments": "{}"}}]}),
+            chunk({}, "tool_calls"),
+        ]
+    )
+    assert [e for e in events if isinstance(e, ToolCallStart)] == [ToolCallStart(0, "call_a", "get_weather")]
+
+
+def test_items_without_index_that_repeat_their_id_continue_that_call():
+    events = run(
+        [
+            chunk({"tool_calls": [{"id": "call_a", "function": {"name": "f", "arguments": ""}}]}),
+            chunk({"tool_calls": [{"id": "call_a", "function": {"arguments": '{"a"'}}]}),
+            chunk({"tool_calls": [{"id": "call_a", "function": {"arguments": ": 1}"}}]}),
+            chunk({}, "tool_calls"),
+        ]
+    )
+    ends = [e for e in events if isinstance(e, ToolCallEnd)]
+    assert ends == [ToolCallEnd(0, "call_a", "f", '{"a": 1}')]
+
+
+def test_items_without_index_or_id_that_bring_a_name_start_a_new_call():
+    events = run(
+        [
+            chunk({"tool_calls": [{"function": {"name": "f", "arguments": '{"x": 1}'}}]}),
+            chunk({"tool_calls": [{"function": {"name": "g", "arguments": "{"}}]}),
+            chunk({"tool_calls": [{"function": {"arguments": "}"}}]}),  # continues g, the last touched
+            chunk({}, "tool_calls"),
+        ]
+    )
+    ends = [(e.index, e.name, e.arguments) for e in events if isinstance(e, ToolCallEnd)]
+    assert ends == [(0, "f", '{"x": 1}'), (1, "g", "{}")]
+
+
+def test_object_arguments_become_json_text():
+    events = run(
+        [chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": {"a": 1}}}]})]
+    )
+    assert next(e for e in events if isinstance(e, ToolCallEnd)).arguments == '{"a":1}'
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["f", "get_weather", "a_b"]), st.text(max_size=30)), min_size=1, max_size=3
+    ),
+    st.booleans(),
+    st.randoms(),
+)
+def test_streamed_native_calls_reassemble_however_the_engine_splits_them(calls, indexed, rnd):
+    """Calls one after another, names split or resent growing, arguments cut anywhere, with
+    indices or with repeated ids: the client gets every call whole, arguments byte for byte."""
+    chunks = []
+    for index, (name, arguments) in enumerate(calls):
+        cut = rnd.randint(1, len(name))
+        names = [name[:cut], name] if rnd.random() < 0.5 else [name[:cut], name[cut:]]
+        cuts = sorted(rnd.sample(range(len(arguments) + 1), min(2, len(arguments) + 1)))
+        pieces = [arguments[a:b] for a, b in zip([0, *cuts], [*cuts, len(arguments)], strict=False)]
+        items = [{"id": f"call_{index}", "function": {"name": names[0]}}, {"function": {"name": names[1]}}]
+        items += [{"function": {"arguments": p}} for p in pieces]
+        for item in items:
+            if indexed:
+                item["index"] = index
+            else:  # engines without indices repeat the id (a bare new name would start a new call)
+                item["id"] = f"call_{index}"
+            chunks.append(chunk({"tool_calls": [item]}))
+    ends = [e for e in run([*chunks, chunk({}, "tool_calls")]) if isinstance(e, ToolCallEnd)]
+    assert [e.index for e in ends] == list(range(len(calls)))
+    # A call with no arguments is announced at the end (it cannot start before they begin).
+    assert sorted((e.id, e.name, e.arguments) for e in ends) == [
+        (f"call_{i}", n, a) for i, (n, a) in enumerate(calls)
+    ]

@@ -16,7 +16,7 @@ import httpx
 import openai
 
 from k3.testing.fake_upstream import FakeUpstream, Reply, ToolCall
-from k3.tools.ids import from_anthropic_id, from_responses_id
+from k3.tools.ids import from_anthropic_id, from_chat_id, from_responses_id
 
 REASONING = "The user wants a file.\n  I'll read src/ä.py → then answer."
 # Spacing no JSON serialiser produces: a re-serialised argument string shows at once.
@@ -124,7 +124,9 @@ def chat_conversation(base: str, stream: bool, api_key: str = "sk-test") -> Seen
     history.append({"role": "tool", "tool_call_id": call["id"], "content": RESULT})
     final = client.chat.completions.create(**request, messages=history)
     assert final.choices[0].message.content == "Done."
-    return Seen(reasoning, None, call["id"], call["id"], json.loads(call["function"]["arguments"]))
+    return Seen(
+        reasoning, None, call["id"], from_chat_id(call["id"]), json.loads(call["function"]["arguments"])
+    )
 
 
 def _chat_stream(client: openai.OpenAI, request: dict[str, Any]) -> tuple[dict[str, Any], str]:

@@ -22,7 +22,11 @@ CASES = [
     ("pythonic", "auto", "think"),
     ("native", "auto", "reasoning"),
 ]
-CLIENT_ID_PREFIX = {"anthropic": "toolu_", "responses": "call_", "chat": ""}  # Chat ids are the engine's
+CLIENT_ID_PREFIX = {
+    "anthropic": "toolu_",
+    "responses": "call_",
+    "chat": "",
+}  # plain engine ids pass Chat as they are
 
 
 def engine_arguments(reply: Reply) -> str:
@@ -64,6 +68,7 @@ def test_second_turn_restores_reasoning_and_exact_arguments(
         assert seen.upstream_call_id == "call_up1"
     elif tool_format == "kimi":
         assert seen.upstream_call_id == "functions.read_file:0"  # K2's own header is the id
+        assert "functions." not in seen.call_id  # the client sees a proxy id, never K2's own
 
     # Turn 2 gave the engine back its own message.
     assert len(engine.requests) == 2

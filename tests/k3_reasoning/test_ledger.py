@@ -160,3 +160,28 @@ def test_persistent_ledger_survives_reopening_and_is_private(tmp_path, record):
 def test_limits_must_be_positive():
     with pytest.raises(ValueError):
         Ledger(max_entries=0)
+
+
+def test_fingerprint_lookup_prefers_the_entry_at_the_same_position_else_the_newest():
+    ledger = Ledger()
+    ledger.put("s", "a", make_record(reasoning="at 0"), position=0)
+    ledger.put("s", "b", make_record(reasoning="at 1"), position=1)
+    assert ledger.find("s", make_record(), position=0)["reasoning"] == "at 0"
+    assert ledger.find("s", make_record(), position=1)["reasoning"] == "at 1"
+    assert ledger.find("s", make_record(), position=5)["reasoning"] == "at 1"  # history compacted
+    assert ledger.find("s", make_record())["reasoning"] == "at 1"
+
+
+def test_a_ledger_file_from_before_positions_is_upgraded(tmp_path, record):
+    path = str(tmp_path / "old.sqlite")
+    db = sqlite3.connect(path)
+    db.executescript(
+        "CREATE TABLE entries (scope TEXT NOT NULL, id TEXT NOT NULL, fp TEXT NOT NULL, record TEXT NOT NULL,"
+        " size INTEGER NOT NULL, used_at REAL NOT NULL, seq INTEGER NOT NULL, PRIMARY KEY (scope, id)) WITHOUT ROWID;"
+    )
+    db.close()
+    os.chmod(path, 0o600)
+    ledger = Ledger(path)
+    ledger.put("s", "a", record, position=2)
+    assert ledger.find("s", record, position=2) == record
+    ledger.close()

@@ -213,7 +213,8 @@ def test_auto_field_replays_each_turn_in_its_detected_vehicle():
         == "<think>r</think>t"
     )
     with pytest.raises(ValueError, match="unknown reasoning field"):
-        memory("inline")
+        memory("in line")
+    assert memory("inline").reasoning_field == "think"  # the reference k3's name for it
 
 
 def test_commit_is_idempotent_and_write_errors_do_not_raise():
@@ -270,3 +271,18 @@ def test_ttl_uses_the_clock_through_the_memory():
     restored = mem.restore(client_echo(), signature, SESSION)  # expired: the signature still carries the text
     assert restored["reasoning_content"] == "I should check the weather."
     assert mem.stats()["expired"] == 1
+
+
+def test_identical_stripped_turns_restore_by_their_position_in_the_history():
+    mem = memory()
+    for position, reasoning in enumerate(("first look", "second look")):
+        turn = mem.begin_turn(SESSION, position)
+        for event in (
+            Reasoning(reasoning),
+            Text("Let me check."),
+            ToolCall("call_abc", "get_weather", RAW_ARGS),
+        ):
+            turn.add(event)
+        turn.commit()
+    assert mem.restore(client_echo(), None, SESSION, 0)["reasoning_content"] == "first look"
+    assert mem.restore(client_echo(), None, SESSION, 1)["reasoning_content"] == "second look"
