@@ -34,7 +34,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
-from k3 import presets
+from k3 import VERSION, presets
 from k3.config import Config
 from k3.connection import (
     SSE_HEADERS,
@@ -62,6 +62,8 @@ from k3.upstream import Upstream
 from k3.upstream_request import build_payload, encode_payload, tool_to_upstream
 
 log = logging.getLogger("k3")
+# One line per finished request (status, latency, tokens; never prompts or keys): `k3 serve --access-log`.
+access = logging.getLogger("k3.access")
 
 # Nesting a client body may have: far deeper than any real request, and shallow enough that what
 # k3 echoes back inside its own envelopes (Responses' tool_choice, metadata) stays encodable.
@@ -83,6 +85,7 @@ def nests_deeper(value: Any, limit: int) -> bool:
 
 DIALECTS: dict[str, ModuleType] = {"anthropic": anthropic, "chat": chat, "responses": responses}
 TURN_ROUTES = {"/v1/messages": "anthropic", "/v1/chat/completions": "chat", "/v1/responses": "responses"}
+TURN_PATHS = {dialect: path for path, dialect in TURN_ROUTES.items()}
 
 
 def _guess_dialect(path: str, headers: dict[str, str]) -> str:
@@ -109,7 +112,38 @@ class Stats:
         self.counters: Counter[str] = Counter()
         self.by_preset: Counter[str] = Counter()
         self.by_dialect: Counter[str] = Counter()
+        self.by_status: Counter[int] = Counter()  # finished turns by the status the client got
+        self.turn_seconds = 0.0  # summed over finished turns, for /metrics' average
         self.reasoning_fields: dict[str, Counter[str]] = {}  # preset -> where replies carried reasoning
+
+    def finished(self, status: int, seconds: float) -> None:
+        self.by_status[status] += 1
+        self.turn_seconds += seconds
+
+    def prometheus(self, connections: dict[str, int] | None) -> str:
+        """The counters in Prometheus' text format (0.0.4)."""
+        lines = []
+
+        def metric(name: str, kind: str, text: str, samples: list[tuple[str, float]]) -> None:
+            lines.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}"])
+            lines.extend(f"{name}{labels} {value:g}" for labels, value in samples)
+
+        metric("k3_turns_total", "counter", "Finished turns by the status the client got.",
+               [(f'{{status="{s}"}}', n) for s, n in sorted(self.by_status.items())])  # fmt: skip
+        metric("k3_turn_seconds", "summary", "Time from a turn's upstream call to its last byte.",
+               [("_sum", self.turn_seconds), ("_count", sum(self.by_status.values()))])  # fmt: skip
+        metric("k3_turns_by_dialect_total", "counter", "Turns per client dialect.",
+               [(f'{{dialect="{d}"}}', n) for d, n in sorted(self.by_dialect.items())])  # fmt: skip
+        metric("k3_turns_by_preset_total", "counter", "Turns per detected client preset.",
+               [(f'{{preset="{p}"}}', n) for p, n in sorted(self.by_preset.items())])  # fmt: skip
+        for key in ("streamed", "errors", "disconnects", "count_tokens"):
+            metric(
+                f"k3_{key}_total", "counter", f"Count of {key.replace('_', ' ')}.", [("", self.counters[key])]
+            )
+        if connections is not None:
+            metric("k3_upstream_connections", "gauge", "Engine connections, open and idle.",
+                   [(f'{{state="{k}"}}', v) for k, v in sorted(connections.items())])  # fmt: skip
+        return "\n".join(lines) + "\n"
 
     def saw_reasoning(self, preset: str, field: str) -> None:
         self.reasoning_fields.setdefault(preset, Counter())[field] += 1
@@ -240,6 +274,9 @@ class K3:
             # Everything so far derives from the client's input: a shape no check anticipated is a 400.
             err = exc if isinstance(exc, ProxyError) else _unanticipated(exc)
             self.stats.counters["errors"] += 1
+            self.stats.finished(err.status, 0.0)
+            if access.isEnabledFor(logging.INFO):
+                access.info("%s %s %d (%s)", scope["method"], scope["path"], err.status, err.code)
             return await send_json(send, err.status, error_body(dialect, err))
         self.stats.counters["requests"] += 1
         self.stats.by_preset[found.preset.name] += 1
@@ -264,6 +301,7 @@ class K3:
     ) -> None:
         """Run the turn; if the client hangs up first, cancel it (closing the upstream request).
         The turn stops the watch before its last write (a complete response is no hang-up)."""
+        started = time.perf_counter()
         task = asyncio.current_task()
         assert task is not None
         hangup = Hangup(task, receive)
@@ -281,6 +319,16 @@ class K3:
             hangup.stop()
             if hangup.hung_up:
                 self.stats.counters["disconnects"] += 1
+                turn.status = 499  # nginx's "client closed request", as access logs write it
+            elapsed = time.perf_counter() - started
+            self.stats.finished(turn.status, elapsed)
+            if access.isEnabledFor(logging.INFO):
+                usage = turn.usage
+                access.info(
+                    "POST %s %d %.1f ms %s/%s in=%s out=%s", TURN_PATHS[turn.dialect], turn.status,
+                    elapsed * 1e3, turn.dialect, turn.preset.name, usage.input_tokens if usage else "-",
+                    usage.output_tokens if usage else "-",
+                )  # fmt: skip
 
     def _finish_record(
         self, turn: Turn, memory: TurnMemory, events: list[Event], translator: Translator
@@ -304,6 +352,7 @@ class K3:
         return _translation_error(exc)
 
     def _failed(self, turn: Turn, err: ProxyError) -> None:
+        turn.status = err.status
         self.stats.counters["errors"] += 1
         log.warning("%s turn for %s failed: %d %s", turn.dialect, turn.preset.name, err.status, err.message)
 
@@ -322,6 +371,7 @@ class K3:
         self, turn: Turn, memory: TurnMemory, events: list[Event] | Collector, translator: Translator
     ) -> None:
         """Ledger write for the finished reply (once; nothing for a plain text answer)."""
+        turn.usage = translator.usage
         if memory.committed:
             return
         if translator.vehicle is None and not translator.tool_calls:
@@ -495,9 +545,24 @@ class K3:
                 send, 401, error_body("chat", ProxyError(401, "missing or invalid credentials"))
             )
         stats = {**self.stats.json(), "ledger": self.memory.stats()}
-        if isinstance(self.upstream.transport, EngineTransport):
-            stats["upstream_connections"] = self.upstream.transport.connections()
+        if (connections := self._connections()) is not None:
+            stats["upstream_connections"] = connections
         await send_json(send, 200, orjson.dumps(stats))
+
+    def _connections(self) -> dict[str, int] | None:
+        transport = self.upstream.transport
+        return transport.connections() if isinstance(transport, EngineTransport) else None
+
+    async def metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Prometheus text: counts only (no prompts, no config), so open like /health's status."""
+        body = self.stats.prometheus(self._connections()).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
+                                (b"content-length", str(len(body)).encode())]})  # fmt: skip
+        await send({"type": "http.response.body", "body": body})
+
+    async def version(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send_json(send, 200, orjson.dumps({"name": "k3", "version": VERSION}))
 
     async def root(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Claude Code probes `HEAD /` before its first request.
@@ -557,8 +622,28 @@ class K3App(Starlette):
         if scope["type"] == "http" and scope["method"] == "POST":
             turn = self._turns.get(scope["path"])
             if turn is not None:
-                return await turn(scope, receive, send)
+                return await turn(scope, receive, send)  # the turn writes its own access line
+        if scope["type"] == "http" and access.isEnabledFor(logging.INFO) and scope["path"] not in TURN_ROUTES:
+            return await _logged(super().__call__, scope, receive, send)
         await super().__call__(scope, receive, send)
+
+
+async def _logged(app: Callable[..., Awaitable[None]], scope: Scope, receive: Receive, send: Send) -> None:
+    """A side route with its access line (method, path, status, latency)."""
+    started, status = time.perf_counter(), 500
+
+    async def noting(message: dict[str, Any]) -> None:
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        await send(message)
+
+    try:
+        await app(scope, receive, noting)
+    finally:
+        access.info(
+            "%s %s %d %.1f ms", scope["method"], scope["path"], status, (time.perf_counter() - started) * 1e3
+        )
 
 
 def create_app(config: Config, *, upstream_transport: httpx.AsyncBaseTransport | None = None) -> K3App:
@@ -579,6 +664,8 @@ def create_app(config: Config, *, upstream_transport: httpx.AsyncBaseTransport |
         Route("/health", _Endpoint(k3.health, ("GET",))),
         Route("/k3/presets", _Endpoint(k3.presets_route, ("GET",))),
         Route("/k3/stats", _Endpoint(k3.stats_route, ("GET",))),
+        Route("/metrics", _Endpoint(k3.metrics, ("GET",))),
+        Route("/version", _Endpoint(k3.version, ("GET",))),
         Route("/", _Endpoint(k3.root, ("GET", "HEAD"))),
         Route("/{path:path}", _Endpoint(k3.not_found, ())),
     ]

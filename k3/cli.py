@@ -18,7 +18,7 @@ from typing import Any
 import click
 import httpx
 
-from k3 import presets
+from k3 import VERSION, presets
 from k3.config import (
     DEFAULT_MODEL,
     DEFAULT_UPSTREAM,
@@ -68,13 +68,7 @@ def version() -> None:
 
 
 def package_version() -> str:
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    try:
-        return installed("local-kimi")
-    except PackageNotFoundError:  # a source tree that was never installed
-        return "unknown"
+    return VERSION
 
 
 def _public_base(host: str, port: int) -> str:
@@ -166,7 +160,12 @@ mock_option = click.option(
 @click.option(
     "--client", "-c", type=click.Choice([p.name for p in presets.PRESETS]), help="Pin one client preset."
 )
-@click.option("--api-key", envvar="K3_API_KEY", help="Require this token (Bearer or x-api-key) from clients.")
+@click.option(
+    "--api-key",
+    envvar="K3_SERVE_API_KEY",
+    help="Require this token (Bearer or x-api-key) from clients (env K3_SERVE_API_KEY; not K3_API_KEY, "
+    "which is the variable Codex sends its key from).",
+)
 @click.option(
     "--reasoning-field",
     default="reasoning_content",
@@ -405,6 +404,11 @@ def serve(
     )
     if record_dir:
         click.echo(f"record {record_dir}" + (" (gzip)" if record_compress else ""))
+    click.echo(
+        "auth: on (clients must send the --api-key as Bearer or x-api-key)"
+        if api_key
+        else "auth: off (any local client may connect)"
+    )
     if host not in ("127.0.0.1", "::1", "localhost") and not api_key:
         click.echo("warning: listening beyond loopback without --api-key", err=True)
     _print_setup(
@@ -422,6 +426,7 @@ def serve(
     logging.getLogger("httpx").setLevel(
         max(logging.WARNING, logging.getLogger().level)
     )  # no line per side call
+    logging.getLogger("k3.access").setLevel(logging.INFO if access_log else logging.WARNING)
     try:
         app = create_app(config, upstream_transport=mock_transport() if mock else None)
         if record_dir:
@@ -431,7 +436,7 @@ def serve(
     except (OSError, ValueError, sqlite3.Error) as exc:  # an unreadable ledger or secret
         raise click.UsageError(f"cannot open the reasoning ledger: {exc}") from None
     server = DrainingServer(
-        uvicorn.Config(app, log_level=log_level, access_log=access_log, lifespan="on"),
+        uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on"),  # k3.access logs instead
         app.state.k3.drain,
         shutdown_grace,
     )
@@ -575,7 +580,11 @@ def mock_transport() -> httpx.AsyncBaseTransport:
 @click.option(
     "--port", "-p", default=8080, show_default=True, type=int, help="Port k3 will serve on (for the setup)."
 )
-@click.option("--api-key", envvar="K3_API_KEY", help="Client token k3 will require (for the setup).")
+@click.option(
+    "--api-key",
+    envvar="K3_SERVE_API_KEY",
+    help="Client token k3 will require (for the setup; env K3_SERVE_API_KEY).",
+)
 @click.option("--no-generate", is_flag=True, help="Skip the one short streamed completion.")
 def doctor(
     upstream: str,
@@ -589,20 +598,29 @@ def doctor(
 ) -> None:
     """Probe the engine, then print copy-paste setup for Claude Code, Codex, opencode and aider."""
     config = Config(upstream=upstream, upstream_api_key=upstream_api_key, model=model)
-    ok = asyncio.run(_doctor(config, not no_generate, mock_transport() if mock else None))
+    ok, engine = asyncio.run(_doctor(config, not no_generate, mock_transport() if mock else None))
     _print_setup(DOCTOR_CLIENTS, _public_base("127.0.0.1", port), _shown_token(api_key), model, small_model)
+    parser = ENGINE_TOOL_PARSERS.get(engine or "")
     click.echo(
         f"\nstart k3: k3 serve --upstream {without_credentials(upstream)} --model {model}"
         + (f" --small-model {small_model}" if small_model else "")
+        + (f" --tool-parser {parser}   # {engine} writes tool calls in its text" if parser else "")
     )
     sys.exit(0 if ok else 1)
 
 
-async def _doctor(config: Config, generate: bool, transport: httpx.AsyncBaseTransport | None = None) -> bool:
+# Engines that answer GET /version with their name, and the --tool-parser their text needs.
+ENGINE_TOOL_PARSERS = {"kimi-engine": "kimi"}
+
+
+async def _doctor(
+    config: Config, generate: bool, transport: httpx.AsyncBaseTransport | None = None
+) -> tuple[bool, str | None]:
+    """-> (whether the engine answered every probe, the engine's name if its /version gives one)."""
     from k3.upstream import Upstream
 
     upstream = Upstream(config, transport)
-    ok = True
+    ok, engine = True, None
     try:
         click.echo(f"engine  {config.upstream_base}")
         try:
@@ -616,7 +634,10 @@ async def _doctor(config: Config, generate: bool, transport: httpx.AsyncBaseTran
         except ProxyError as err:
             click.echo(f"  FAIL  GET /models: {err.message}")
             click.echo("        start the engine first (see docs/K3.md), or pass --upstream")
-            return False
+            return False, None
+        engine = await upstream.engine_name()
+        if engine:
+            click.echo(f"  ok    GET /version: {engine}")
         messages = [{"role": "user", "content": "Say OK."}]
         count = await upstream.count_tokens({"model": config.model, "messages": messages})
         tokenizer = (
@@ -627,7 +648,7 @@ async def _doctor(config: Config, generate: bool, transport: httpx.AsyncBaseTran
             ok = await _probe_stream(upstream, config.model, messages)
     finally:
         await upstream.aclose()
-    return ok
+    return ok, engine
 
 
 async def _probe_stream(upstream: Any, model: str, messages: list[dict[str, Any]]) -> bool:

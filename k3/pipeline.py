@@ -157,6 +157,7 @@ class Translator:
         self._active: int | None = None  # the native call whose deltas stream now
         self._next_index = 0
         self._usage: Usage | None = None
+        self.usage: Usage | None = None  # the reply's, as finish() reported it
         self._finish_reason: str | None = None
         self._stop_sequence: str | None = None
         self.tool_calls = 0  # calls announced so far
@@ -227,6 +228,7 @@ class Translator:
                 input_tokens=self._input_estimate,
                 output_tokens=max(1, self._chars // 4) if self._chars else 0,
             )
+        self.usage = usage
         out.append(Finish(stop, usage, self._stop_sequence if stop == "stop" else None))
         return out
 

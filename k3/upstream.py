@@ -322,6 +322,15 @@ class Upstream:
         except (orjson.JSONDecodeError, AttributeError, TypeError):
             raise _protocol_error("upstream /models is not an OpenAI model list") from None
 
+    async def engine_name(self) -> str | None:
+        """The engine's name from GET /version at the server root (kimi-engine answers it), else None."""
+        try:
+            response = await self.client.get(self.root + "/version", timeout=10.0)
+            name = orjson.loads(response.content).get("name") if response.status_code == 200 else None
+        except (httpx.TransportError, orjson.JSONDecodeError, AttributeError):
+            return None
+        return name if isinstance(name, str) else None
+
     async def count_tokens(self, payload: dict[str, Any]) -> int | None:
         """Exact prompt tokens from the engine's tokenizer endpoint, or None when it has none.
 

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from k3.errors import bad_request
-from k3.ir import CanonicalRequest, ImagePart
+from k3.ir import CanonicalRequest, ImagePart, Usage
 from k3.presets import Preset
 
 
@@ -160,6 +160,8 @@ class Turn:
     id: str
     created: int = field(default_factory=lambda: int(time.time()))
     show: bool | None = None  # --show-reasoning / --hide-reasoning; None: the preset decides
+    status: int = 200  # what the client was answered (an error's status once the turn failed)
+    usage: Usage | None = None  # the reply's token counts, once the engine's reply is translated
 
     @property
     def show_reasoning(self) -> bool:

@@ -137,9 +137,10 @@ def _native_calls(reply: Reply) -> list[ToolCall]:
 
 
 class FakeUpstream:
-    def __init__(self, model: str = "kimi-linear", tokenizer: str | None = "vllm"):
+    def __init__(self, model: str = "kimi-linear", tokenizer: str | None = "vllm", name: str | None = None):
         self.model = model
         self.tokenizer = tokenizer
+        self.name = name  # answered at GET /version when set (kimi-engine names itself there)
         self.script: deque[Reply] = deque()
         self.requests: list[dict[str, Any]] = []  # chat payloads, in arrival order
         self.request_headers: list[dict[str, str]] = []  # the headers of each, in the same order
@@ -276,6 +277,8 @@ class FakeUpstream:
                 200,
                 {"object": "list", "data": [{"id": self.model, "object": "model", "owned_by": "fake"}]},
             )
+        elif path == "/version" and self.name is not None:
+            await self._json(send, 200, {"name": self.name, "version": "0"})
         elif path in ("/tokenize", "/apply-template") and self.tokenizer is not None:
             request = orjson.loads(body)
             self.tokenize_requests.append(request)
