@@ -23,6 +23,7 @@ def _turn(dialect: str):
 def test_turn_step(benchmark, dialect, step):
     turn = _turn(dialect)
     case(benchmark, f"k3.turn.{dialect}.{step}", area="k3", dialect=dialect, step=step,
+         step_index=STEP_NAMES.index(step),
          capture=turn.capture, preset=turn.found.preset.name, request_bytes=len(turn.raw),
          upstream_chunks=len(turn.chunks), client_bytes=len(turn.output))  # fmt: skip
     result = benchmark(STEPS[step], turn)

@@ -77,6 +77,27 @@ def sync_docs(docs: tuple[Path, ...], results: Path) -> None:
             click.echo(f"{doc}: {sync_document(doc, results)} number(s) updated")
 
 
+@main.command("import-benchmark")
+@click.argument("file", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--results", type=click.Path(path_type=Path), default=REPO_ROOT / "results", show_default=True)
+def import_benchmark_cmd(file: Path, results: Path) -> None:
+    """Turn pytest-benchmark's JSON (FILE, from --benchmark-json with --benchmark-save-data) into receipts.
+
+    One receipt per case in suite `micro`: the raw per-call round times as samples (µs), the case's
+    extra_info as its configuration, machine_info and commit_info as its hardware and commit.
+    Run `kimi-harness report` and `kimi-harness figures` afterwards (`nox -s bench-micro` does it all).
+    """
+    from harness.microbench import BenchmarkJSONError, import_benchmark
+
+    try:
+        written = import_benchmark(file, results)
+    except BenchmarkJSONError as exc:
+        raise click.ClickException(str(exc)) from None
+    for path in written:
+        click.echo(f"wrote {path}")
+    click.echo(f"imported {len(written)} case(s) from {file}")
+
+
 @main.command()
 @click.argument("base")
 @click.argument("new")
