@@ -92,7 +92,9 @@ class PreparedTurn:
 
     def build(self) -> bytes:
         memory = TurnMemory(self.k3.memory, self.headers, self.found.preset.name)
-        model = presets.upstream_model(self.found.preset, self.request.model, CONFIG.model, CONFIG.small_model)
+        model = presets.upstream_model(
+            self.found.preset, self.request.model, CONFIG.model, CONFIG.small_model
+        )
         return encode_payload(build_payload(self.request, CONFIG, model, memory), self.body)
 
     def decode(self) -> list[dict[str, Any]]:
@@ -146,7 +148,9 @@ def prepare(dialect: str) -> PreparedTurn:
     request = module.ingress(body, CONFIG.model)
     turn = Turn(dialect, found.preset, request, body, new_id(module.ID_PREFIX), show=CONFIG.show_reasoning)
     model = presets.upstream_model(found.preset, request.model, CONFIG.model, CONFIG.small_model)
-    payload = encode_payload(build_payload(request, CONFIG, model, TurnMemory(k3.memory, headers, found.preset.name)), body)
+    payload = encode_payload(
+        build_payload(request, CONFIG, model, TurnMemory(k3.memory, headers, found.preset.name)), body
+    )
     chunks = FakeUpstream().chunks(orjson.loads(payload), engine_reply(request))
     prepared = PreparedTurn(
         dialect, "/".join(map(str, CAPTURED_TURNS[dialect])), k3, raw, headers, body, found, request, turn,

@@ -15,7 +15,10 @@ from engine.model.presets import preset
 from engine.runtime import Engine, Request, Sampler, Scheduler, Token
 
 VOCAB = preset("full").vocab_size  # Kimi-Linear's vocabulary: what every token's logits span
-SAMPLING = {"greedy": SamplingParams(temperature=0.0), "top_p": SamplingParams(temperature=0.7, top_p=0.95, seed=1)}
+SAMPLING = {
+    "greedy": SamplingParams(temperature=0.0),
+    "top_p": SamplingParams(temperature=0.7, top_p=0.95, seed=1),
+}
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,9 @@ TOOLS = [{"type": "function", "function": {"name": "bash", "description": "Run a
           "parameters": {"type": "object", "properties": {"command": {}, "timeout": {}}}}}]  # fmt: skip
 REASONING = "The user wants the failing test fixed. First find which test fails, then read its source. " * 3
 ANSWER = "The failure is in the tokenizer round trip; I will run the one test to see the traceback now. " * 3
-CALL = ToolCall("bash", '{"command": "pytest -q tests/k3/test_k3_pipeline.py -k round_trip", "timeout": 120000}')
+CALL = ToolCall(
+    "bash", '{"command": "pytest -q tests/k3/test_k3_pipeline.py -k round_trip", "timeout": 120000}'
+)
 PAYLOAD = {"model": "kimi-linear", "messages": [{"role": "user", "content": "fix it"}], "tools": TOOLS}
 
 # tool format the engine writes -> the --tool-parser that reads it (native calls need none)

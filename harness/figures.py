@@ -417,8 +417,10 @@ def proxy_turn_steps(frame: pd.DataFrame) -> dict | None:
         cfg = row.receipt["config"]
         if cfg.get("area") != "k3" or "step" not in cfg:
             continue
-        bar = bars.setdefault((cfg["dialect"], row.hardware_id), {
-            "label": f"{cfg['dialect']} ({cfg['capture']})\n{row.hardware_id}", "steps": {}, "receipts": {}})
+        bar = bars.setdefault(
+            (cfg["dialect"], row.hardware_id),
+            {"label": f"{cfg['dialect']} ({cfg['capture']})\n{row.hardware_id}", "steps": {}, "receipts": {}},
+        )
         bar["steps"][cfg["step"]] = (cfg["step_index"], row.receipt["summary"]["call_us"]["median"])
         bar["receipts"][cfg["step"]] = row.path
     if not bars:

@@ -1,0 +1,179 @@
+"""`python -m runners micro` and `micro-gate`: the pytest-benchmark microbenchmarks as receipts, and the
+CI gate that compares a short run of them with the committed receipts (method in docs/METHODS.md).
+
+`micro` runs benchmarks/ in `--runs` separate pytest processes (a fresh interpreter each, so the
+run-to-run noise is measured, not only the round-to-round one), imports the JSON of all runs as one
+`micro` receipt per case (harness.microbench) and regenerates RESULTS.md and the figures.
+
+`micro-gate` runs the k3 cases briefly, twice, and compares each with the newest committed receipt of
+the same case and machine. A case regresses when both hold:
+- its median grew by more than the allowance: `max(--floor, --noise-factor × spread)`, where spread
+  is the larger of the baseline's and this run's `run_spread_pct` (how far apart the medians of
+  repeated runs lie on that machine);
+- a one-sided Mann-Whitney test on the raw samples says the new times are larger (p < --alpha).
+No committed baseline for this machine: the gate says so and passes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+
+from harness.hardware import REPO_ROOT
+from harness.receipt import RESULTS_DIR
+
+BENCH_DIR = REPO_ROOT / "benchmarks"
+GATED = "k3"  # the gate's cases: k3's own code on a turn's path (names k3.turn.*, k3.deltas.*)
+BASELINE_COMMAND = "nox -s bench-micro"
+
+
+def run_benchmarks(
+    out_dir: Path, runs: int, max_time: float, min_rounds: int, select: str | None
+) -> list[Path]:
+    """`runs` separate pytest-benchmark runs of benchmarks/ (optionally `-k select`), JSON with raw data."""
+    paths = []
+    for i in range(runs):
+        path = out_dir / f"run{i + 1}.json"
+        cmd = [sys.executable, "-m", "pytest", str(BENCH_DIR), "-q", "-p", "no:cacheprovider",
+               f"--benchmark-json={path}", "--benchmark-save-data", f"--benchmark-max-time={max_time}",
+               f"--benchmark-min-rounds={min_rounds}", "--benchmark-warmup=on",
+               "--benchmark-warmup-iterations=1000", "--benchmark-columns=median,iqr,rounds"]  # fmt: skip
+        if select:
+            cmd += ["-k", select]
+        click.echo(f"run {i + 1}/{runs}: {' '.join(cmd[2:])}", err=True)
+        if subprocess.run(cmd, cwd=REPO_ROOT).returncode != 0:
+            raise click.ClickException(f"the benchmarks failed (run {i + 1}); see pytest's output above")
+        paths.append(path)
+    return paths
+
+
+@click.command("micro")
+@click.option("--runs", type=click.IntRange(1), default=3, show_default=True,
+              help="Separate pytest runs; their spread is the run-to-run noise the gate allows for.")  # fmt: skip
+@click.option("--max-time", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
+              help="Seconds pytest-benchmark spends on each case per run (more rounds: tighter medians).")  # fmt: skip
+@click.option("--min-rounds", type=click.IntRange(1), default=20, show_default=True)
+@click.option("-k", "select", default=None, help="pytest -k expression to run some cases only (e.g. k3).")
+@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
+@click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
+def micro_command(runs, max_time, min_rounds, select, results, no_regenerate) -> None:  # fmt: skip
+    """Microbenchmarks of k3's turn steps and the engine's per-token host work, as `micro` receipts."""
+    from harness.microbench import import_benchmark
+    from runners.regenerate import regenerate
+
+    with tempfile.TemporaryDirectory() as scratch:
+        written = import_benchmark(run_benchmarks(Path(scratch), runs, max_time, min_rounds, select), results)
+    for path in written:
+        click.echo(f"wrote {path}")
+    if not no_regenerate:
+        regenerate(results)
+
+
+# -- the verdict ------------------------------------------------------------------------------------
+
+
+def mann_whitney_greater(new: list[float], old: list[float]) -> float:
+    """One-sided p-value that `new` is stochastically larger than `old` (normal approximation with the
+    tie correction; the samples here are hundreds of rounds, far beyond where it is accurate)."""
+    n1, n2 = len(new), len(old)
+    pooled = sorted([(v, 0) for v in new] + [(v, 1) for v in old])
+    ranks_new, ties, i = 0.0, 0.0, 0
+    while i < len(pooled):
+        j = i
+        while j < len(pooled) and pooled[j][0] == pooled[i][0]:
+            j += 1
+        rank = (i + j + 1) / 2  # mean of ranks i+1 .. j
+        ranks_new += rank * sum(1 for _, group in pooled[i:j] if group == 0)
+        ties += (j - i) ** 3 - (j - i)
+        i = j
+    u = ranks_new - n1 * (n1 + 1) / 2
+    n = n1 + n2
+    variance = n1 * n2 / 12 * ((n + 1) - ties / (n * (n - 1)))
+    if variance <= 0:
+        return 1.0
+    z = (u - n1 * n2 / 2 - 0.5) / math.sqrt(variance)  # continuity-corrected
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    name: str
+    old_median: float
+    new_median: float
+    growth_pct: float
+    allowance_pct: float
+    p_value: float
+    regressed: bool
+
+    def line(self) -> str:
+        state = "REGRESSED" if self.regressed else "ok"
+        return (f"{self.name}: baseline {self.old_median:.4g} µs, now {self.new_median:.4g} µs "
+                f"({self.growth_pct:+.1f}%, allowed +{self.allowance_pct:.0f}%, p={self.p_value:.2g}) — {state}")  # fmt: skip
+
+
+def judge(name: str, old: list[float], new: list[float], spread_pct: float, floor_pct: float,
+          noise_factor: float, alpha: float) -> Verdict:  # fmt: skip
+    """Whether `new` is slower than `old` beyond the measured noise (see the module docstring)."""
+    old_median, new_median = statistics.median(old), statistics.median(new)
+    growth = 100 * (new_median / old_median - 1)
+    allowance = max(floor_pct, noise_factor * spread_pct)
+    p = mann_whitney_greater(new, old)
+    return Verdict(name, old_median, new_median, growth, allowance, p, growth > allowance and p < alpha)
+
+
+@click.command("micro-gate")
+@click.option("--floor", "floor_pct", type=click.FloatRange(0), default=30.0, show_default=True,
+              help="Smallest allowed growth of a case's median, in percent (docs/METHODS.md says how it was chosen).")  # fmt: skip
+@click.option("--noise-factor", type=click.FloatRange(0), default=3.0, show_default=True,
+              help="The allowance is at least this many times the run-to-run spread of the medians.")  # fmt: skip
+@click.option("--alpha", type=click.FloatRange(0, 1), default=0.001, show_default=True,
+              help="A growth counts only when the Mann-Whitney test's one-sided p-value is below this.")  # fmt: skip
+@click.option("--max-time", type=click.FloatRange(0, min_open=True), default=0.15, show_default=True,
+              help="Seconds per case per run (two runs).")  # fmt: skip
+@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True,
+              help="Where the committed baseline receipts are.")  # fmt: skip
+def micro_gate_command(floor_pct, noise_factor, alpha, max_time, results) -> None:
+    """CI gate: a short run of the k3 microbenchmarks against the committed `micro` receipts."""
+    from harness.hardware import describe
+    from harness.microbench import SUITE, read_runs, receipts_from_runs
+    from harness.report import load_frame, newest
+
+    hardware_id = describe()["hardware_id"]
+    frame = newest(load_frame(results))
+    if not frame.empty:
+        frame = frame[
+            (frame.suite == SUITE) & (frame.hardware_id == hardware_id) & frame.name.str.startswith(GATED)
+        ]
+    if frame.empty:
+        click.echo(f"micro gate: skipped — no committed {SUITE} receipts of the {GATED} cases for {hardware_id} "
+                   f"in {results}; produce them on a quiet machine with `{BASELINE_COMMAND}` and commit them")  # fmt: skip
+        return
+    baselines = {row.name: row.receipt for row in frame.itertuples()}
+    with tempfile.TemporaryDirectory() as scratch:
+        fresh = receipts_from_runs(read_runs(run_benchmarks(Path(scratch), 2, max_time, 20, GATED)))
+    verdicts = []
+    for receipt in fresh:
+        base = baselines.get(receipt["name"])
+        if base is None:
+            click.echo(f"{receipt['name']}: no baseline receipt yet — not gated")
+            continue
+        spread = max(
+            base["derived"].get("run_spread_pct", 0.0), receipt["derived"].get("run_spread_pct", 0.0)
+        )
+        verdicts.append(judge(receipt["name"], base["samples"]["call_us"], receipt["samples"]["call_us"], spread,
+                              floor_pct, noise_factor, alpha))  # fmt: skip
+    for verdict in verdicts:
+        click.echo(verdict.line())
+    failed = [v.name for v in verdicts if v.regressed]
+    if failed:
+        raise click.ClickException(
+            f"k3 microbenchmarks regressed beyond the measured noise: {', '.join(failed)}"
+        )
+    click.echo(f"micro gate: {len(verdicts)} case(s) within their allowance")
