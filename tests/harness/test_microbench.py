@@ -47,6 +47,7 @@ def test_import_writes_one_valid_receipt_per_case(tmp_path):
         assert receipt["hardware"]["git"] == {"commit": data["commit_info"]["id"], "dirty": False}
         assert receipt["created"].startswith(data["datetime"][:19])
         assert "run_spread_pct" not in receipt["derived"]  # one run: no run-to-run spread
+        assert receipt["derived"]["best_run_median_us"] == receipt["summary"]["call_us"]["median"]
     hermes = by_name["k3.deltas.tools.hermes"]
     assert hermes["derived"]["per_delta_us"] == pytest.approx(hermes["summary"]["call_us"]["median"] / 90)
     assert "Microbenchmarks" in render(results) and "k3.turn.chat.parse" in render(results)
@@ -71,6 +72,9 @@ def test_repeated_runs_make_one_receipt_per_case_with_their_spread(tmp_path):
     for receipt in receipts:
         assert receipt["summary"]["call_us"]["n"] == 14
         assert receipt["derived"]["run_spread_pct"] == pytest.approx(25.0)
+        first = next(b for b in _fixture()["benchmarks"] if b["extra_info"]["case"] == receipt["name"])
+        best = sorted(first["stats"]["data"])[3] * 1e6  # the faster run's median (7 rounds)
+        assert receipt["derived"]["best_run_median_us"] == pytest.approx(best)
         assert receipt["config"]["pytest_benchmark"]["runs"] == 2
 
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
+import statistics
 
 import pytest
 from click.testing import CliRunner
 
 import runners.micro as micro
 from harness.receipt import write_receipt
-from runners.micro import judge, mann_whitney_greater
+from runners.micro import judge, machine_factor, mann_whitney_greater
 
 HARDWARE = {"hardware_id": "cpu-2c-Gate-CPU", "gpus": [], "cpu": {"model": "Gate CPU", "logical_cores": 2},
             "git": {"commit": "0" * 40, "dirty": False}}  # fmt: skip
@@ -36,28 +38,41 @@ def test_mann_whitney_agrees_with_counting_pairs():
     assert mann_whitney_greater([1.0] * 30, [1.0] * 30) > 0.5  # all ties: no evidence either way
 
 
+def _judge(name, old, new, spread_pct=2.0, factor=1.0):
+    return judge(name, old, statistics.median(old), new, statistics.median(new), spread_pct, factor, **GATE)
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_same_code_passes_and_a_planted_slowdown_fails(seed):
     rng = random.Random(seed)
     base = timings(rng, 20.0)
-    assert not judge("same", base, timings(rng, 20.0), 2.0, **GATE).regressed
-    assert not judge("noise", base, timings(rng, 24.0), 2.0, **GATE).regressed  # within the floor
-    slower = judge("slower", base, timings(rng, 40.0), 2.0, **GATE)
+    assert not _judge("same", base, timings(rng, 20.0)).regressed
+    assert not _judge("noise", base, timings(rng, 24.0)).regressed  # within the floor
+    slower = _judge("slower", base, timings(rng, 40.0))
     assert slower.regressed and slower.growth_pct == pytest.approx(100, abs=5)
 
 
 def test_the_allowance_widens_with_the_measured_run_spread():
     rng = random.Random(7)
     base, new = timings(rng, 20.0), timings(rng, 30.0)
-    assert judge("quiet", base, new, 5.0, **GATE).regressed  # +50% against a 30% allowance
-    noisy = judge("noisy", base, new, 25.0, **GATE)  # 3 × 25% spread = 75% allowed
+    assert _judge("quiet", base, new, spread_pct=5.0).regressed  # +50% against a 30% allowance
+    noisy = _judge("noisy", base, new, spread_pct=25.0)  # 3 × 25% spread = 75% allowed
     assert noisy.allowance_pct == 75.0 and not noisy.regressed
+
+
+def test_a_machine_slower_as_a_whole_fails_nothing_but_one_slower_step_still_fails():
+    rng = random.Random(9)
+    base, loaded = timings(rng, 20.0), timings(rng, 34.0)  # every case 1.7x slower: the machine
+    assert _judge("loaded", base, loaded).regressed  # what the factor is there to prevent
+    assert not _judge("loaded", base, loaded, factor=1.7).regressed
+    assert _judge("step", base, timings(rng, 70.0), factor=1.7).regressed  # 3.5x: 2x beyond the machine
+    assert machine_factor([(10.0, 17.0), (20.0, 34.0), (5.0, 8.5), (8.0, 30.0)]) == pytest.approx(1.7)
 
 
 def test_a_large_growth_on_few_overlapping_samples_is_not_called_a_regression():
     rng = random.Random(3)
     base = [rng.uniform(10, 60) for _ in range(6)]
-    assert not judge("few", base, [v * 1.4 for v in base], 0.0, **GATE).regressed  # p is not small
+    assert not _judge("few", base, [v * 1.4 for v in base], spread_pct=0.0).regressed  # p is not small
 
 
 def _bench_json(path, cases: dict[str, list[float]]) -> None:
@@ -78,7 +93,7 @@ def gate(tmp_path, monkeypatch):
     fresh: dict[str, float] = {}  # case -> median µs of the planted fresh run
 
     def fake_run(out_dir, runs, max_time, min_rounds, select):
-        assert select == "k3" and runs == 2
+        assert select == "k3" and runs == 3
         rng = random.Random(11)
         paths = []
         for i in range(runs):
@@ -101,23 +116,33 @@ def gate(tmp_path, monkeypatch):
     return run
 
 
-def test_the_gate_passes_on_unchanged_code_and_fails_on_a_planted_regression(gate):
-    same = gate({"k3.turn.chat.parse": 6.0, "k3.turn.chat.encode": 13.0}, {"k3.turn.chat.parse": 6.0,
-                "k3.turn.chat.encode": 13.0})  # fmt: skip
+CASES = {"k3.turn.chat.parse": 6.0, "k3.turn.chat.ingress": 11.0, "k3.turn.chat.encode": 13.0}
+
+
+def test_the_gate_passes_on_unchanged_code(gate):
+    same = gate(CASES, CASES)
     assert same.exit_code == 0, same.output
-    assert "2 case(s) within their allowance" in same.output
+    assert "3 case(s) within their allowance" in same.output
+
+
+def test_the_gate_passes_on_a_machine_slower_as_a_whole(gate):
+    result = gate(CASES, {name: 1.8 * median for name, median in CASES.items()})
+    assert result.exit_code == 0, result.output
+    factor = re.search(
+        r"machine factor \(median over the cases of now / baseline\): ([0-9.]+)", result.output
+    )
+    assert float(factor.group(1)) == pytest.approx(1.8, abs=0.05)
 
 
 def test_the_gate_fails_and_names_the_regressed_case(gate):
-    result = gate({"k3.turn.chat.parse": 6.0, "k3.turn.chat.encode": 13.0},
-                  {"k3.turn.chat.parse": 6.0, "k3.turn.chat.encode": 26.0})  # fmt: skip
+    result = gate(CASES, CASES | {"k3.turn.chat.encode": 26.0})
     assert result.exit_code == 1
     assert "k3.turn.chat.encode: baseline" in result.output and "REGRESSED" in result.output
     assert "regressed beyond the measured noise: k3.turn.chat.encode" in result.output
 
 
 def test_a_new_case_without_a_baseline_is_reported_not_gated(gate):
-    result = gate({"k3.turn.chat.parse": 6.0}, {"k3.turn.chat.parse": 6.0, "k3.turn.chat.new": 50.0})
+    result = gate(CASES, CASES | {"k3.turn.chat.new": 50.0})
     assert result.exit_code == 0, result.output
     assert "k3.turn.chat.new: no baseline receipt yet" in result.output
 
