@@ -146,7 +146,7 @@ def _best(receipt: dict) -> float:
 @click.command("micro-gate")
 @click.option("--floor", "floor_pct", type=click.FloatRange(0), default=30.0, show_default=True,
               help="Smallest allowed growth of a case's median, in percent (docs/METHODS.md says how it was chosen).")  # fmt: skip
-@click.option("--noise-factor", type=click.FloatRange(0), default=3.0, show_default=True,
+@click.option("--noise-factor", type=click.FloatRange(0), default=1.0, show_default=True,
               help="The allowance is at least this many times the run-to-run spread of the medians.")  # fmt: skip
 @click.option("--alpha", type=click.FloatRange(0, 1), default=0.001, show_default=True,
               help="A growth counts only when the Mann-Whitney test's one-sided p-value is below this.")  # fmt: skip
