@@ -38,6 +38,11 @@ GATED = "k3"  # the gate's cases: k3's own code on a turn's path (names k3.turn.
 BASELINE_COMMAND = "nox -s bench-micro"
 
 
+# Each round lasts at least this long (pytest-benchmark calls the case as often as that takes): a few
+# hundred rounds per case, not hundreds of thousands of single calls, so a receipt stays small.
+MIN_ROUND_S = 0.002
+
+
 def run_benchmarks(
     out_dir: Path, runs: int, max_time: float, min_rounds: int, select: str | None
 ) -> list[Path]:
@@ -47,8 +52,9 @@ def run_benchmarks(
         path = out_dir / f"run{i + 1}.json"
         cmd = [sys.executable, "-m", "pytest", str(BENCH_DIR), "-q", "-p", "no:cacheprovider",
                f"--benchmark-json={path}", "--benchmark-save-data", f"--benchmark-max-time={max_time}",
-               f"--benchmark-min-rounds={min_rounds}", "--benchmark-warmup=on",
-               "--benchmark-warmup-iterations=1000", "--benchmark-columns=median,iqr,rounds"]  # fmt: skip
+               f"--benchmark-min-rounds={min_rounds}", f"--benchmark-min-time={MIN_ROUND_S}",
+               "--benchmark-warmup=on", "--benchmark-warmup-iterations=1000",
+               "--benchmark-columns=median,iqr,rounds"]  # fmt: skip
         if select:
             cmd += ["-k", select]
         click.echo(f"run {i + 1}/{runs}: {' '.join(cmd[2:])}", err=True)
@@ -61,7 +67,7 @@ def run_benchmarks(
 @click.command("micro")
 @click.option("--runs", type=click.IntRange(1), default=3, show_default=True,
               help="Separate pytest runs; their spread is the run-to-run noise the gate allows for.")  # fmt: skip
-@click.option("--max-time", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
+@click.option("--max-time", type=click.FloatRange(0, min_open=True), default=0.5, show_default=True,
               help="Seconds pytest-benchmark spends on each case per run (more rounds: tighter medians).")  # fmt: skip
 @click.option("--min-rounds", type=click.IntRange(1), default=20, show_default=True)
 @click.option("-k", "select", default=None, help="pytest -k expression to run some cases only (e.g. k3).")
