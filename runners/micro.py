@@ -38,9 +38,11 @@ GATED = "k3"  # the gate's cases: k3's own code on a turn's path (names k3.turn.
 BASELINE_COMMAND = "nox -s bench-micro"
 
 
-# Each round lasts at least this long (pytest-benchmark calls the case as often as that takes): a few
-# hundred rounds per case, not hundreds of thousands of single calls, so a receipt stays small.
-MIN_ROUND_S = 0.002
+# Each round lasts at least this long (pytest-benchmark calls the case as often as that takes): far
+# shorter than a scheduler time slice, so on a busy machine most rounds run unpreempted and the median
+# stays the cost of the code (rounds of 2 ms read several times slower under load), yet long enough
+# that --max-time gives hundreds of rounds per case, not a hundred thousand: a receipt stays small.
+MIN_ROUND_S = 0.0001
 
 
 def run_benchmarks(
@@ -67,7 +69,7 @@ def run_benchmarks(
 @click.command("micro")
 @click.option("--runs", type=click.IntRange(1), default=3, show_default=True,
               help="Separate pytest runs; their spread is the run-to-run noise the gate allows for.")  # fmt: skip
-@click.option("--max-time", type=click.FloatRange(0, min_open=True), default=0.5, show_default=True,
+@click.option("--max-time", type=click.FloatRange(0, min_open=True), default=0.05, show_default=True,
               help="Seconds pytest-benchmark spends on each case per run (more rounds: tighter medians).")  # fmt: skip
 @click.option("--min-rounds", type=click.IntRange(1), default=20, show_default=True)
 @click.option("-k", "select", default=None, help="pytest -k expression to run some cases only (e.g. k3).")
@@ -158,7 +160,7 @@ def _best(receipt: dict) -> float:
               help="A growth counts only when the Mann-Whitney test's one-sided p-value is below this.")  # fmt: skip
 @click.option("--runs", type=click.IntRange(2), default=3, show_default=True,
               help="Separate runs of the cases; each case is judged on its best run.")  # fmt: skip
-@click.option("--max-time", type=click.FloatRange(0, min_open=True), default=0.1, show_default=True,
+@click.option("--max-time", type=click.FloatRange(0, min_open=True), default=0.05, show_default=True,
               help="Seconds per case per run.")  # fmt: skip
 @click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True,
               help="Where the committed baseline receipts are.")  # fmt: skip
