@@ -77,11 +77,15 @@ def run_benchmarks(
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def micro_command(runs, max_time, min_rounds, select, results, no_regenerate) -> None:  # fmt: skip
     """Microbenchmarks of k3's turn steps and the engine's per-token host work, as `micro` receipts."""
-    from harness.microbench import import_benchmark
+    from harness.microbench import BenchmarkJSONError, import_benchmark
     from runners.regenerate import regenerate
 
     with tempfile.TemporaryDirectory() as scratch:
-        written = import_benchmark(run_benchmarks(Path(scratch), runs, max_time, min_rounds, select), results)
+        paths = run_benchmarks(Path(scratch), runs, max_time, min_rounds, select)
+        try:
+            written = import_benchmark(paths, results)
+        except BenchmarkJSONError as exc:  # e.g. a commit made between two runs
+            raise click.ClickException(str(exc)) from None
     for path in written:
         click.echo(f"wrote {path}")
     if not no_regenerate:
@@ -167,7 +171,7 @@ def _best(receipt: dict) -> float:
 def micro_gate_command(floor_pct, noise_factor, alpha, runs, max_time, results) -> None:  # fmt: skip
     """CI gate: a short run of the k3 microbenchmarks against the committed `micro` receipts."""
     from harness.hardware import describe
-    from harness.microbench import SUITE, read_runs, receipts_from_runs
+    from harness.microbench import SUITE, BenchmarkJSONError, read_runs, receipts_from_runs
     from harness.report import load_frame, newest
 
     hardware_id = describe()["hardware_id"]
@@ -182,7 +186,11 @@ def micro_gate_command(floor_pct, noise_factor, alpha, runs, max_time, results) 
         return
     baselines = {row.name: row.receipt for row in frame.itertuples()}
     with tempfile.TemporaryDirectory() as scratch:
-        fresh = receipts_from_runs(read_runs(run_benchmarks(Path(scratch), runs, max_time, 20, GATED)))
+        paths = run_benchmarks(Path(scratch), runs, max_time, 20, GATED)
+        try:
+            fresh = receipts_from_runs(read_runs(paths))
+        except BenchmarkJSONError as exc:  # e.g. the checkout changed between two runs
+            raise click.ClickException(str(exc)) from None
     for receipt in fresh:
         if receipt["name"] not in baselines:
             click.echo(f"{receipt['name']}: no baseline receipt yet — not gated")

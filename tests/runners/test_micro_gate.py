@@ -75,12 +75,12 @@ def test_a_large_growth_on_few_overlapping_samples_is_not_called_a_regression():
     assert not _judge("few", base, [v * 1.4 for v in base], spread_pct=0.0).regressed  # p is not small
 
 
-def _bench_json(path, cases: dict[str, list[float]]) -> None:
+def _bench_json(path, cases: dict[str, list[float]], commit_id: str = "1" * 40) -> None:
     benchmarks = [{"name": name, "fullname": f"benchmarks/test_x.py::{name}", "extra_info": {"case": name},
                    "options": {}, "stats": {"data": [t / 1e6 for t in data], "rounds": len(data), "iterations": 1}}
                   for name, data in cases.items()]  # fmt: skip
     machine = {"local_kimi": {k: v for k, v in HARDWARE.items() if k != "git"}}
-    commit = {"id": "1" * 40, "dirty": False}
+    commit = {"id": commit_id, "dirty": False}
     path.write_text(json.dumps({"machine_info": machine, "commit_info": commit, "benchmarks": benchmarks,
                                 "datetime": "2026-12-01T12:00:00+00:00", "version": "5.1.0"}))  # fmt: skip
 
@@ -152,3 +152,20 @@ def test_without_committed_baselines_the_gate_skips_and_says_how_to_make_them(tm
     result = CliRunner().invoke(micro.micro_gate_command, ["--results", str(tmp_path / "none")])
     assert result.exit_code == 0, result.output
     assert "skipped" in result.output and "nox -s bench-micro" in result.output
+
+
+def test_runs_of_another_checkout_fail_the_gate_with_the_reason(tmp_path, monkeypatch):
+    monkeypatch.setattr("harness.hardware.describe", lambda: dict(HARDWARE))
+    results = tmp_path / "results"
+    write_receipt("micro", "k3.turn.chat.parse", config={}, samples={"call_us": [6.0] * 50}, units={"call_us": "µs"},
+                  results_dir=results, hardware=HARDWARE, command=["test"])  # fmt: skip
+
+    def fake_run(out_dir, runs, max_time, min_rounds, select):
+        paths = [out_dir / f"run{i}.json" for i in range(runs)]
+        for i, path in enumerate(paths):  # a commit landed between two runs
+            _bench_json(path, {"k3.turn.chat.parse": [6.0] * 50}, commit_id=str(i) * 40)
+        return paths
+
+    monkeypatch.setattr(micro, "run_benchmarks", fake_run)
+    result = CliRunner().invoke(micro.micro_gate_command, ["--results", str(results)])
+    assert result.exit_code == 1 and "another machine or commit" in result.output
