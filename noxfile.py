@@ -3,6 +3,7 @@
 nox -s tests          the test suite (what CI runs)
 nox -s bench-decode   the main job: engine decode throughput, written as receipts
 nox -s bench-kernels  every kernel variant against its reference (GPU: full shapes; CPU: small, interpreted)
+nox -s bench-micro    pytest-benchmark microbenchmarks (benchmarks/): k3's turn steps, the engine's host work
 nox -s accuracy       quantised against unquantised model, per plan and group size
 nox -s bench-llamacpp our engine against llama.cpp on the same model (builds llama.cpp's tools once)
 nox -s audit          check that every number shown comes from a receipt
@@ -80,6 +81,16 @@ def bench_kernels(session: nox.Session) -> None:
     session.run("python", "-m", "runners", "kernels", *session.posargs)
 
 
+@nox.session(name="bench-micro", python=PYTHON)
+def bench_micro(session: nox.Session) -> None:
+    """k3's per-turn steps and the engine's per-token host work (benchmarks/), as `micro` receipts.
+
+    Not part of `nox -s tests`. Args go to `python -m runners micro` (e.g. --runs 3 --max-time 1 -k k3).
+    """
+    install(session, "test")
+    session.run("python", "-m", "runners", "micro", *session.posargs)
+
+
 @nox.session(name="bench-proxy", python=PYTHON)
 def bench_proxy(session: nox.Session) -> None:
     """Latency k3 adds per request and per event, for each dialect (args go to the runner)."""
@@ -97,9 +108,11 @@ def bench_proxy_peers(session: nox.Session) -> None:
 
 @nox.session(name="proxy-gate", python=PYTHON)
 def proxy_gate(session: nox.Session) -> None:
-    """CI gate: a short proxy measurement compared with the committed receipts; fails on a regression."""
-    install(session)
+    """CI gate: a short proxy measurement and a short run of the k3 microbenchmarks, each compared with
+    the committed receipts; fails on a regression beyond the measured noise (docs/METHODS.md)."""
+    install(session, "test")
     session.run("python", "-m", "runners", "proxy-gate", *session.posargs)
+    session.run("python", "-m", "runners", "micro-gate")
 
 
 @nox.session(python=PYTHON)

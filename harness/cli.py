@@ -133,6 +133,32 @@ def sync_docs(docs: tuple[Path, ...], root: Path | None, results: Path | None) -
             click.echo(f"{doc}: {sync_document(doc, resolve_results(root, results))} number(s) updated")
 
 
+@main.command("import-benchmark")
+@click.argument(
+    "files", nargs=-1, required=True, type=click.Path(path_type=Path, exists=True, dir_okay=False)
+)
+@root_option
+@results_option
+def import_benchmark_cmd(files: tuple[Path, ...], root: Path | None, results: Path | None) -> None:
+    """Turn pytest-benchmark's JSON (FILES, from --benchmark-json with --benchmark-save-data) into receipts.
+
+    One receipt per case in suite `micro`: the raw per-call round times as samples (µs), the case's
+    extra_info as its configuration, machine_info and commit_info as its hardware and commit. Several
+    files of repeated runs of the same cases make one receipt per case, with the spread of the runs'
+    medians (`run_spread_pct`, the run-to-run noise the CI gate allows for).
+    Run `kimi-harness report` and `kimi-harness figures` afterwards (`nox -s bench-micro` does it all).
+    """
+    from harness.microbench import BenchmarkJSONError, import_benchmark
+
+    try:
+        written = import_benchmark(list(files), resolve_results(root, results))
+    except BenchmarkJSONError as exc:
+        raise click.ClickException(str(exc)) from None
+    for path in written:
+        click.echo(f"wrote {path}")
+    click.echo(f"imported {len(written)} case(s) from {len(files)} file(s)")
+
+
 @main.command()
 @click.argument("base")
 @click.argument("new")

@@ -472,6 +472,49 @@ def draw_time_split(data: dict) -> plt.Figure:
     return fig
 
 
+def proxy_turn_steps(frame: pd.DataFrame) -> dict | None:
+    """Where one proxied streamed turn's k3 time goes: the median µs of each step (`micro` receipts
+    of benchmarks/test_k3_turn.py), stacked in the order k3 runs them, one bar per dialect."""
+    bars: dict[tuple[str, str], dict] = {}
+    for row in _newest_suite(frame, "micro").itertuples():
+        cfg = row.receipt["config"]
+        if cfg.get("area") != "k3" or "step" not in cfg:
+            continue
+        bar = bars.setdefault(
+            (cfg["dialect"], row.hardware_id),
+            {"label": f"{cfg['dialect']} ({cfg['capture']})", "hardware_id": row.hardware_id, "steps": {},
+             "receipts": {}},
+        )  # fmt: skip
+        bar["steps"][cfg["step"]] = (cfg["step_index"], row.receipt["summary"]["call_us"]["median"])
+        bar["receipts"][cfg["step"]] = row.path
+    if not bars:
+        return None
+    out = []
+    for key in sorted(bars):
+        bar = bars[key]
+        ordered = sorted(bar["steps"].items(), key=lambda item: item[1][0])
+        parts = {step: median for step, (_, median) in ordered}
+        out.append({"label": bar["label"], "hardware_id": bar["hardware_id"], "parts": parts,
+                    "total_us": sum(parts.values()), "receipts": bar["receipts"]})  # fmt: skip
+    return {"title": "Where a proxied turn's microseconds go (median µs per step, streamed tool-call turn)",
+            "bars": out}  # fmt: skip
+
+
+def draw_turn_steps(data: dict) -> plt.Figure:
+    bars = data["bars"]
+    steps = list(dict.fromkeys(k for b in bars for k in b["parts"]))
+    fig, ax = plt.subplots(figsize=(8.4, 1.8 + 0.6 * len(bars)), layout="constrained")
+    _stacked_bars(ax, [b["label"] for b in bars], [b["parts"] for b in bars], steps, fontsize=7)
+    for y, bar in enumerate(bars):
+        ax.annotate(text(f"{bar['total_us']:.4g} µs"), (bar["total_us"], y), xytext=(3, 0),
+                    textcoords="offset points", va="center", fontsize=7)  # fmt: skip
+    ax.set_xlim(0, max(b["total_us"] for b in bars) * 1.15)
+    ax.set_xlabel(text("µs of k3 code per turn (sum of the step medians)"))
+    ax.set_title(title(data))
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
 FIGURES: list[Figure] = [
     Figure(
         "harness_selfcheck",
@@ -490,6 +533,7 @@ FIGURES: list[Figure] = [
     ),  # fmt: skip
     Figure("proxy_vs_peers", proxy_vs_peers, draw_bars),
     Figure("proxy_load", proxy_load, draw_proxy_load),
+    Figure("proxy_turn_steps", proxy_turn_steps, draw_turn_steps),
     Figure("kernel_bandwidth", kernel_bandwidth, draw_kernel_bandwidth),
     Figure("plan_weight_bytes", plan_weight_bytes, draw_plan_weight_bytes),
     Figure("quantisation_quality", quantisation_quality, draw_quantisation_quality),

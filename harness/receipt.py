@@ -133,7 +133,11 @@ def build_receipt(
 def write_receipt(suite: str, name: str, *, results_dir: Path | None = None, **fields) -> Path:
     """Build a receipt (`build_receipt`'s fields: config, samples, units, derived, notes, memory, command,
     hardware) and write it under `results_dir` (default: the repository's results/)."""
-    receipt = build_receipt(suite, name, **fields)
+    return save_receipt(build_receipt(suite, name, **fields), results_dir)
+
+
+def save_receipt(receipt: dict, results_dir: Path | None = None) -> Path:
+    """Write a receipt from `build_receipt` at its place under `results_dir` (default: results/)."""
     path = Path(results_dir or RESULTS_DIR) / f"{receipt['id']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(orjson.dumps(receipt, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")

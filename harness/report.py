@@ -21,6 +21,10 @@ SUITES = {
         "Proxy overhead",
         "Latency k3 adds per request and per streamed event, through the proxy minus direct.",
     ),
+    "micro": (
+        "Microbenchmarks",
+        "pytest-benchmark cases of each step of a proxied turn and of the engine's per-token host work.",
+    ),
     "accuracy": ("Accuracy", "Quantised against unquantised model on the same weights and prompts."),
     "llamacpp": ("llama.cpp head to head", "The same model and machine, our engine against llama.cpp."),
     "harness": (

@@ -6,6 +6,7 @@ python -m runners proxy-peers  k3 and LiteLLM's proxy side by side in front of t
 python -m runners accuracy   quantised against unquantised model (KL, top-1, perplexity, greedy, routing)
 python -m runners kernels    every kernel variant against its reference: achieved bandwidth
 python -m runners llamacpp   our engine against llama.cpp on the same model and machine
+python -m runners micro      pytest-benchmark microbenchmarks of k3's turn steps and the engine's host work
 """
 
 import click
@@ -43,6 +44,11 @@ main.add_command(kernels_command)
 from runners.llamacpp import llamacpp_command  # noqa: E402
 
 main.add_command(llamacpp_command)
+
+from runners.micro import micro_command, micro_gate_command  # noqa: E402
+
+main.add_command(micro_command)
+main.add_command(micro_gate_command)
 
 from runners.profile import profile_command  # noqa: E402
 
