@@ -26,7 +26,7 @@ from engine.quant.codec import unpack_int4
 
 ACTIVATION = torch.bfloat16
 ROW_MULTIPLE = 16  # the packer's requirement on N
-_mm = torch.ops.aten._weight_int4pack_mm_for_cpu
+_mm = torch.ops.aten._weight_int4pack_mm_for_cpu.default
 
 
 def pack(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,7 +35,9 @@ def pack(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch
     if codes.dtype != torch.uint8 or codes.device.type != "cpu":
         raise ValueError(f"int4pack packs uint8 codes on the CPU, got {codes.dtype} on {codes.device}")
     if scales.dtype != torch.bfloat16:
-        raise ValueError(f"int4pack needs BF16 scales ({scales.dtype} does not convert exactly); select reference")
+        raise ValueError(
+            f"int4pack needs BF16 scales ({scales.dtype} does not convert exactly); select reference"
+        )
     n = codes.shape[-2]
     unsigned = (unpack_int4(codes).to(torch.int32) + 8).reshape(-1, *codes.shape[-2:-1], codes.shape[-1] * 2)
     unsigned = F.pad(unsigned, (0, 0, 0, -n % ROW_MULTIPLE), value=8)
@@ -89,10 +91,14 @@ def _grouped(
         out.copy_(_kernel(x, packed[0], group, scales[0]).unsqueeze(1).expand_as(out))
         return
     ids = route_ids.tolist()  # host memory on the CPU: no device synchronisation
-    for b, slots in enumerate(ids):
-        for s, e in enumerate(slots):
-            row = x[b, s : s + 1] if x.ndim == 3 else x[b : b + 1]
-            out[b, s] = _kernel(row, packed[e], group, scales[e])[0]
+    rows = [
+        x[b, s : s + 1] if x.ndim == 3 else x[b : b + 1]
+        for b, slots in enumerate(ids)
+        for s in range(len(slots))
+    ]
+    experts = [e for slots in ids for e in slots]
+    results = [_kernel(row, packed[e], group, scales[e]) for row, e in zip(rows, experts, strict=True)]
+    torch.cat(results, out=out.view(-1, out.shape[-1]))
 
 
 @_grouped.register_fake
