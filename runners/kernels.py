@@ -152,7 +152,7 @@ def measure_cpu(
 @click.option(
     "--preset",
     "preset_name",
-    type=click.Choice(["tiny", "small", "full"]),
+    type=click.Choice(["tiny", "small", "wide", "full"]),
     default=None,
     help="Shapes of this configuration. Default: full (Kimi-Linear-48B) on a GPU, tiny on the CPU "
     "(the interpreter takes about a second per call at small).",
