@@ -38,13 +38,18 @@ def pack(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch
         raise ValueError(
             f"int4pack needs BF16 scales ({scales.dtype} does not convert exactly); select reference"
         )
-    n = codes.shape[-2]
-    unsigned = (unpack_int4(codes).to(torch.int32) + 8).reshape(-1, *codes.shape[-2:-1], codes.shape[-1] * 2)
-    unsigned = F.pad(unsigned, (0, 0, 0, -n % ROW_MULTIPLE), value=8)
-    packed = torch.stack([torch.ops.aten._convert_weight_to_int4pack_for_cpu(m, 1) for m in unsigned])
+    flat = codes.reshape(-1, *codes.shape[-2:])  # one matrix at a time: a bank's int32 copy would be large
+    packed = torch.stack([_pack_matrix(matrix) for matrix in flat]).reshape(
+        *codes.shape[:-2], -1, codes.shape[-1]
+    )
     both = torch.stack([scales, torch.zeros_like(scales)], dim=-1).transpose(-3, -2)
-    lead = codes.shape[:-2]
-    return packed.reshape(*lead, *packed.shape[-2:]), both.contiguous()
+    return packed, both.contiguous()
+
+
+def _pack_matrix(codes: torch.Tensor) -> torch.Tensor:
+    unsigned = unpack_int4(codes).to(torch.int32) + 8
+    unsigned = F.pad(unsigned, (0, 0, 0, -codes.shape[0] % ROW_MULTIPLE), value=8)  # code 0: a zero weight
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(unsigned, 1)
 
 
 def _check(x_k: int, packed: torch.Tensor, scales: torch.Tensor, group: int, lead: int) -> None:
