@@ -29,6 +29,19 @@ ROW_MULTIPLE = 16  # the packer's requirement on N
 _mm = torch.ops.aten._weight_int4pack_mm_for_cpu.default
 
 
+def _variant(op: str, description: str):
+    """Register ``int4pack`` for ``op``: the artifact's codes packed at load, BF16 results, a GEMM."""
+    return registry.register(
+        op,
+        "int4pack",
+        backend="torch-cpu",
+        description=description,
+        pack=pack,
+        precision=torch.bfloat16,
+        many_rows=True,
+    )
+
+
 def pack(codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Artifact INT4 ``codes [..., N, K/2]`` + BF16 ``scales [..., N, K/G]`` -> torch's int4pack
     ``[..., N16, K/2]`` (N padded to a multiple of 16) and ``scales_and_zeros [..., K/G, N, 2]``."""
@@ -70,15 +83,7 @@ def _kernel(x: torch.Tensor, packed: torch.Tensor, group: int, scales: torch.Ten
     return _mm(x, packed, group, scales)[:, :n]
 
 
-@registry.register(
-    "w4a16_gemv",
-    "int4pack",
-    backend="torch-cpu",
-    description="torch's CPU int4pack GEMM (BF16 activations), codes repacked as code+8 at load",
-    pack=pack,
-    precision=torch.bfloat16,
-    many_rows=True,
-)
+@_variant("w4a16_gemv", "torch's CPU int4pack GEMM (BF16 activations), codes repacked as code+8 at load")
 def w4a16_gemv(x, packed, scales_and_zeros, group_size, *, out=None, out_dtype=None):
     _check(x.shape[-1], packed, scales_and_zeros, group_size, 0)
     out = output(out, (x.shape[0], scales_and_zeros.shape[-2]), out_dtype or x.dtype, x.device)
@@ -111,14 +116,9 @@ def _(x, packed, scales, route_ids, group, out) -> None:
     return None
 
 
-@registry.register(
+@_variant(
     "w4a16_grouped_gemv",
-    "int4pack",
-    backend="torch-cpu",
-    description="each route's expert through torch's CPU int4pack GEMM (a custom op; no gathered copy)",
-    pack=pack,
-    precision=torch.bfloat16,
-    many_rows=True,
+    "each route's expert through torch's CPU int4pack GEMM (a custom op; no gathered copy)",
 )
 def w4a16_grouped_gemv(x, packed, scales_and_zeros, route_ids, group_size, *, out=None, out_dtype=None):
     _check(x.shape[-1], packed, scales_and_zeros, group_size, 1)
@@ -131,14 +131,8 @@ def w4a16_grouped_gemv(x, packed, scales_and_zeros, route_ids, group_size, *, ou
     return out
 
 
-@registry.register(
-    "w4a16_grouped_swiglu",
-    "int4pack",
-    backend="torch-cpu",
-    description="gate and up through the int4pack grouped GEMV (BF16), silu(gate) * up in FP32",
-    pack=pack,
-    precision=torch.bfloat16,
-    many_rows=True,
+@_variant(
+    "w4a16_grouped_swiglu", "gate and up through the int4pack grouped GEMV (BF16), silu(gate) * up in FP32"
 )
 def w4a16_grouped_swiglu(x, gate, gate_scales, up, up_scales, route_ids, group_size, *, out=None):
     batch, slots = route_ids.shape
