@@ -156,7 +156,7 @@ def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype
 @click.command("accuracy")
 @click.option(
     "--synthetic",
-    type=click.Choice(["tiny", "small"]),
+    type=click.Choice(["tiny", "small", "wide"]),
     default="small",
     show_default=True,
     help="Synthetic model (weights generated in memory from --seed) when --weights is not given.",

@@ -24,6 +24,7 @@ import torch
 
 from engine.kernels import DEFAULT_SELECTION, KernelSelectionError, KernelUnavailable, named_choices, resolve
 from engine.model import SamplingParams, SequenceCache
+from engine.model.dtypes import default_dtype
 from engine.quant import PLANS
 from engine.quant.manifest import MANIFEST_NAME
 from engine.runtime import LOAD_ERRORS, Engine
@@ -36,6 +37,14 @@ from runners.regenerate import regenerate
 from runners.roofline import state_bytes_per_token, weight_bytes_per_token
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+
+def default_dtype_name(device: str) -> str:
+    """The engine's default dtype on ``device`` (engine.model.dtypes.default_dtype) by its option name."""
+    chosen = default_dtype(device)
+    return next(name for name, dtype in DTYPES.items() if dtype == chosen)
+
+
 NO_QUANT = "none"
 WARMUP_TOKENS = 4  # decoded by the untimed warm-up repeat
 GREEDY = SamplingParams(temperature=0.0)
@@ -106,7 +115,7 @@ UNITS = {
 @click.command("decode")
 @click.option(
     "--synthetic",
-    type=click.Choice(["tiny", "small", "full"]),
+    type=click.Choice(["tiny", "small", "wide", "full"]),
     default=None,
     help="Synthetic model (no download). Default: small on the CPU, full on a GPU, unless --weights.",
 )
@@ -121,7 +130,8 @@ UNITS = {
     "--dtype",
     type=click.Choice(sorted(DTYPES)),
     default=None,
-    help="Weight (and activation) dtype. Default: bf16 on a GPU, fp32 on the CPU (its fastest).",
+    help="Weight (and activation) dtype. Default: bf16 on a GPU and on CPUs with native BF16 (avx512_bf16 / "
+    "AMX), where it is the faster; fp32 on other CPUs.",
 )
 @click.option(
     "--contexts",
@@ -196,7 +206,7 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
     if weights is None:
         synthetic = synthetic or ("full" if on_gpu else "small")
         quant = quant or ("default" if on_gpu else NO_QUANT)
-    dtype_name = dtype or ("bf16" if on_gpu else "fp32")
+    dtype_name = dtype or default_dtype_name(device)
     context_list = positive_ints(contexts or ("17,1024,8192,32768" if on_gpu else "17,256,1024"))
     batch_list = positive_ints(batches)
     gen_tokens = gen_tokens or (64 if on_gpu else 32)

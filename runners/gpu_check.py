@@ -80,10 +80,11 @@ def plan(
     *,
     sweep: bool = False,
     references: bool = False,
+    device: str = "cuda",
 ) -> tuple[dict, list[Measurement]]:
     """The equivalence shapes per op (edge + full size) and the timed measurements (full size, fast
-    variants, with ``references`` the reference variants too; with ``sweep`` also the SWEEP launch
-    configurations at batch 1)."""
+    variants that can run on ``device``, with ``references`` the reference variants too; with ``sweep``
+    also the SWEEP launch configurations at batch 1)."""
     full = kimi_shapes(config, group=group, batches=batches)
     selected = ops or list(full)
     unknown = set(selected) - set(full)
@@ -94,7 +95,7 @@ def plan(
         Measurement(op, v.name, shape, op_bytes(op, shape))
         for op in selected
         for v in registry.variants(op)
-        if references or not v.is_reference
+        if (references or not v.is_reference) and registry.built_for(v, device)
         for shape in full[op]
     ]
     if sweep:
@@ -167,14 +168,15 @@ def _time(m: Measurement, device, l2_bytes: int) -> tuple[list[float], int]:
 
     from engine.kernels.cases import CASES
 
-    fn = registry.get(m.op, m.variant, device)
+    chosen = registry.select(m.op, m.variant, device).variant
     rotation = rotations(m.bytes_per_call, l2_bytes)
     cases = [CASES[m.op](m.shape, torch.Generator(device).manual_seed(i), device) for i in range(rotation)]
+    args = [registry.packed_args(chosen, case.args) for case in cases]  # packed once, as at load
     outs = [torch.empty(c.out_shape, dtype=c.out_dtype, device=device) for c in cases]
 
     def calls():
-        for case, out in zip(cases, outs, strict=True):
-            fn(*case.args, **case.kwargs, **m.options, out=out)
+        for case, packed, out in zip(cases, args, outs, strict=True):
+            chosen.fn(*packed, **case.kwargs, **m.options, out=out)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -54,17 +54,18 @@ def time_on_cpu(m: gpu_check.Measurement, repeats: int, llc_bytes: int) -> tuple
 
     Plain-PyTorch variants rotate through enough input sets to exceed 4x the last-level cache (at most
     gpu_check.ROTATION_MAX); interpreted ones use one set (their cost is the interpreter's, not memory)."""
-    fn = registry.get(m.op, m.variant, "cpu")
-    interpreted = registry.variant(m.op, m.variant).backend == "triton"
+    chosen = registry.select(m.op, m.variant, "cpu").variant
+    interpreted = chosen.backend == "triton"
     rotation = 1 if interpreted else gpu_check.rotations(m.bytes_per_call, llc_bytes)
     cases = [CASES[m.op](m.shape, torch.Generator().manual_seed(i), "cpu") for i in range(rotation)]
+    args = [registry.packed_args(chosen, case.args) for case in cases]  # packed once, as at load
     outs = [torch.empty(c.out_shape, dtype=c.out_dtype) for c in cases]
 
     def calls(n: int) -> float:
         start = time.perf_counter()
         for i in range(n):
             case = cases[i % rotation]
-            fn(*case.args, **case.kwargs, **m.options, out=outs[i % rotation])
+            chosen.fn(*args[i % rotation], **case.kwargs, **m.options, out=outs[i % rotation])
         return time.perf_counter() - start
 
     first = calls(rotation) / rotation  # warm-up, untimed; estimates one call
@@ -82,7 +83,9 @@ def measure_cpu(
     if reason is not None:
         raise click.ClickException(f"cannot run the Triton variants on the CPU: {reason}")
     torch.set_num_threads(threads)
-    checks, timed = gpu_check.plan(preset(preset_name), group, tuple(batches), ops, references=True)
+    checks, timed = gpu_check.plan(
+        preset(preset_name), group, tuple(batches), ops, references=True, device="cpu"
+    )
     click.echo(f"equivalence at {sum(map(len, checks.values()))} shapes (interpreted Triton) ...", err=True)
     outcome = {(r.op, r.variant, r.shape["name"]): r for r in check_all(checks, device="cpu")}
     failed = [r for r in outcome.values() if not r.passed]
@@ -122,7 +125,7 @@ def measure_cpu(
             fields = gpu_check.receipt_fields(
                 m, times, copy_median, rotation, verdict, timing=TIMING_CPU,
                 extra_config={
-                    "device": "cpu", "backend": backend, "comparable": backend == "torch",
+                    "device": "cpu", "backend": backend, "comparable": backend != "triton",
                     "interpreted": backend == "triton", "preset": preset_name, "threads": threads,
                     "calls_per_sample": per_sample, "last_level_cache_bytes": llc,
                 },
@@ -149,7 +152,7 @@ def measure_cpu(
 @click.option(
     "--preset",
     "preset_name",
-    type=click.Choice(["tiny", "small", "full"]),
+    type=click.Choice(["tiny", "small", "wide", "full"]),
     default=None,
     help="Shapes of this configuration. Default: full (Kimi-Linear-48B) on a GPU, tiny on the CPU "
     "(the interpreter takes about a second per call at small).",

@@ -34,7 +34,7 @@ from engine.synth import write_synthetic_checkpoint
 from harness.hardware import REPO_ROOT
 from harness.receipt import RESULTS_DIR, write_receipt
 from runners import gguf_requantize
-from runners.decode import DTYPES, measure
+from runners.decode import DTYPES, default_dtype_name, measure
 from runners.llamacpp_server import completion_timings, running_server
 from runners.llamacpp_tools import Tools, ensure_tools
 from runners.regenerate import regenerate
@@ -217,9 +217,11 @@ def _engine_notes(kind: str, variants: dict[str, str]) -> str:
     )
     if set(variants.values()) == {"reference"}:
         notes += (
-            "; every kernel bound is the reference (the CPU default: dequantise, then a plain PyTorch "
-            "matmul), not an optimised INT4 path"
+            "; every kernel bound is the reference (dequantise, then a plain PyTorch matmul), not an "
+            "optimised INT4 path"
         )
+    elif "int4pack" in variants.values():
+        notes += "; INT4 matmuls through torch's own CPU int4pack kernels (BF16 activations)"
     return notes
 
 
@@ -240,7 +242,7 @@ def _llama_notes(gguf_type: str, kind: str, dtype: str) -> str:
 @click.command("llamacpp")
 @click.option(
     "--synthetic",
-    type=click.Choice(["tiny", "small"]),
+    type=click.Choice(["tiny", "small", "wide"]),
     default="small",
     show_default=True,
     help="Synthetic model.",
@@ -265,7 +267,7 @@ def _llama_notes(gguf_type: str, kind: str, dtype: str) -> str:
     "--dtype",
     type=click.Choice(sorted(DTYPES)),
     default=None,
-    help="Our engine's dtype. Default: bf16 on a GPU, fp32 on the CPU.",
+    help="Our engine's dtype. Default: bf16 on a GPU and on CPUs with native BF16, else fp32.",
 )
 @click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights and the prompt.")
 @click.option(
@@ -287,7 +289,7 @@ def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device
             f"expected some of {', '.join(GGUF_TYPES)}, got {types!r}", param_hint="--types"
         )
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = dtype or ("bf16" if device.startswith("cuda") else "fp32")
+    dtype = dtype or default_dtype_name(device)
     torch.set_num_threads(threads)
     tools = ensure_tools()
     gpu_layers = 999 if tools.cuda else 0

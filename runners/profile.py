@@ -17,7 +17,7 @@ import torch
 
 from engine.runtime import Engine
 from harness.receipt import RESULTS_DIR, write_receipt
-from runners.decode import DTYPES
+from runners.decode import DTYPES, default_dtype_name
 from runners.regenerate import regenerate
 
 COMPONENTS = ("kda_attention", "mla_attention", "moe_router", "moe_experts", "shared_expert", "dense_mlp",
@@ -92,7 +92,7 @@ def profile_steps(engine: Engine, context: int, steps: int, seed: int) -> dict[s
 @click.command("profile")
 @click.option(
     "--synthetic",
-    type=click.Choice(["tiny", "small", "full"]),
+    type=click.Choice(["tiny", "small", "wide", "full"]),
     default=None,
     help="Synthetic model. Default: small on the CPU, full on a GPU.",
 )
@@ -101,7 +101,7 @@ def profile_steps(engine: Engine, context: int, steps: int, seed: int) -> dict[s
     "--dtype",
     type=click.Choice(sorted(DTYPES)),
     default=None,
-    help="Default: bf16 on a GPU, fp32 on the CPU.",
+    help="Default: bf16 on a GPU and on CPUs with native BF16, else fp32.",
 )
 @click.option(
     "--quant",
@@ -121,7 +121,7 @@ def profile_command(synthetic, device, dtype, quant, context, steps, threads, se
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.startswith("cuda")
     synthetic = synthetic or ("full" if on_gpu else "small")
-    dtype = dtype or ("bf16" if on_gpu else "fp32")
+    dtype = dtype or default_dtype_name(device)
     quant = quant if quant is not None else ("default" if on_gpu else None)
     if not on_gpu:
         torch.set_num_threads(threads)

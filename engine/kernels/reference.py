@@ -13,17 +13,21 @@ from engine.kernels.signatures import combine_shape, gemv_shape, grouped_shape, 
 from engine.quant.codec import LinearWeight, dequantize
 
 registry.define(
-    "w4a16_gemv", "y[B,N] = x[B,K] @ W^T, W INT4 [N,K/2] codes + [N,K/G] scales (dense layers, INT4 head)"
+    "w4a16_gemv",
+    "y[B,N] = x[B,K] @ W^T, W INT4 [N,K/2] codes + [N,K/G] scales (dense layers, INT4 head)",
+    weight_args=((1, 2),),
 )
 registry.define("w8a16_gemv", "y[B,N] = x[B,K] @ W^T, W INT8 [N,K] codes + [N,K/G] scales (INT8 LM head)")
 registry.define("w16a16_gemv", "y[B,N] = x[B,K] @ W^T, W BF16/FP16 [N,K] (BF16 LM head)")
 registry.define(
     "w4a16_grouped_gemv",
     "y[B,S,N] = x[B,(S,)K] @ bank[route_ids[B,S]]^T over an INT4 expert bank [E,N,K/2] (gate/up and down)",
+    weight_args=((1, 2),),
 )
 registry.define(
     "w4a16_grouped_swiglu",
     "h[B,S,N] = silu(x @ gate[route]^T) * (x @ up[route]^T) over two INT4 expert banks (fused gate/up)",
+    weight_args=((1, 2), (3, 4)),
 )
 registry.define("route_combine", "out[B,N] = sum_s weights[B,S] * y[B,S,N] (route-weighted expert combine)")
 

@@ -15,6 +15,7 @@ import torch
 
 ENV_VAR = "KIMI_KERNELS"
 REFERENCE = "reference"
+BACKENDS = ("torch", "torch-cpu", "triton")
 
 
 class KernelSelectionError(ValueError):
@@ -30,8 +31,15 @@ class Variant:
     op: str
     name: str
     fn: Callable
-    backend: str  # "torch" (runs anywhere) or "triton"
+    backend: str  # "torch" (runs anywhere), "torch-cpu" (torch kernels the CPU build only has) or "triton"
     description: str
+    # ``pack(codes, scales) -> (codes, scales)``: the artifact's INT4 weight in the layout ``fn`` reads, made
+    # once at load (None: ``fn`` reads the artifact's own layout). Applied to every weight pair of the op.
+    pack: Callable | None = None
+    # The dtype the variant rounds its results (or intermediates) to, when coarser than ``out``'s.
+    precision: torch.dtype | None = None
+    # Fast for many rows too (a GEMM): prefill runs it rather than dequantising the weight.
+    many_rows: bool = False
 
     @property
     def is_reference(self) -> bool:
@@ -42,6 +50,7 @@ class Variant:
 class Operation:
     name: str
     description: str
+    weight_args: tuple[tuple[int, int], ...]  # positions of each (codes, scales) pair in the arguments
     variants: dict[str, Variant] = field(default_factory=dict)
 
 
@@ -57,25 +66,46 @@ _OPERATIONS: dict[str, Operation] = {}
 _triton_unavailable: Callable[[str], str | None] = lambda device_type: "Triton kernels are not registered"
 
 
-def define(op: str, description: str) -> None:
+def define(op: str, description: str, *, weight_args: tuple[tuple[int, int], ...] = ()) -> None:
     if op in _OPERATIONS:
         raise KernelSelectionError(f"operation {op!r} is already defined")
-    _OPERATIONS[op] = Operation(op, description)
+    _OPERATIONS[op] = Operation(op, description, weight_args)
 
 
-def register(op: str, name: str, *, backend: str, description: str) -> Callable[[Callable], Callable]:
+def register(
+    op: str,
+    name: str,
+    *,
+    backend: str,
+    description: str,
+    pack: Callable | None = None,
+    precision: torch.dtype | None = None,
+    many_rows: bool = False,
+) -> Callable[[Callable], Callable]:
     """Decorator adding ``fn`` as variant ``name`` of ``op`` (``name="reference"`` is the reference)."""
-    if backend not in ("torch", "triton"):
+    if backend not in BACKENDS:
         raise KernelSelectionError(f"unknown backend {backend!r}")
 
     def decorate(fn: Callable) -> Callable:
         operation = _operation(op)
         if name in operation.variants:
             raise KernelSelectionError(f"{op} already has a variant named {name!r}")
-        operation.variants[name] = Variant(op, name, fn, backend, description)
+        if pack is not None and not operation.weight_args:
+            raise KernelSelectionError(f"{op} has no weight arguments to pack")
+        operation.variants[name] = Variant(op, name, fn, backend, description, pack, precision, many_rows)
         return fn
 
     return decorate
+
+
+def packed_args(v: Variant, args: tuple) -> tuple:
+    """``args`` (in the artifact's layout) with every weight pair of ``v.op`` packed for ``v``."""
+    if v.pack is None:
+        return args
+    args = list(args)
+    for codes, scales in _operation(v.op).weight_args:
+        args[codes], args[scales] = v.pack(args[codes], args[scales])
+    return tuple(args)
 
 
 def set_triton_availability(check: Callable[[str], str | None]) -> None:
@@ -115,10 +145,19 @@ def device_type(device: torch.device | str | None = None) -> str:
     return torch.device(device).type
 
 
+def built_for(v: Variant, device: torch.device | str | None = None) -> bool:
+    """Whether ``v`` is meant for ``device`` at all (a CPU-only torch kernel is not meant for a GPU); Triton
+    variants are meant for every device, their availability there is :func:`unavailable_reason`'s."""
+    return v.backend != "torch-cpu" or device_type(device) == "cpu"
+
+
 def unavailable_reason(v: Variant, device: torch.device | str | None = None) -> str | None:
     """Why ``v`` cannot run on ``device`` (None when it can)."""
     if v.backend == "torch":
         return None
+    if v.backend == "torch-cpu":
+        dev = device_type(device)
+        return None if dev == "cpu" else f"torch's {v.name} kernels run on the CPU only, not on {dev}"
     return _triton_unavailable(device_type(device))
 
 

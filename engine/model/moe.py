@@ -88,6 +88,23 @@ def grouped_expert_ffn(
     """The many-token form of `expert_ffn`: assignments sorted by expert, one matmul per expert that has
     tokens. `expert_matrices(e)` returns expert e's dense (w1, w3, w2); a packed bank dequantises there.
     Reads the per-expert counts on the host (a sync), so it is for prefill, not a captured decode step."""
+
+    def run(expert: int, rows: torch.Tensor) -> torch.Tensor:
+        w1, w3, w2 = expert_matrices(expert)
+        return F.linear(F.silu(F.linear(rows, w1)) * F.linear(rows, w3), w2)
+
+    return grouped_expert_rows(x, expert_ids, expert_weights, num_experts, run)
+
+
+def grouped_expert_rows(
+    x: torch.Tensor,
+    expert_ids: torch.Tensor,
+    expert_weights: torch.Tensor,
+    num_experts: int,
+    run_expert: Callable[[int, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """`grouped_expert_ffn` for any weight format: `run_expert(e, rows [n, hidden])` returns expert e's
+    output for the rows routed to it (e.g. through a W4A16 kernel, without a dense matrix)."""
     n_tokens, top_k = expert_ids.shape
     flat_ids = expert_ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)
@@ -98,10 +115,7 @@ def grouped_expert_ffn(
     begin = 0
     for expert, count in enumerate(counts):
         if count:
-            w1, w3, w2 = expert_matrices(expert)
-            rows = xs[begin : begin + count]
-            hidden = F.silu(F.linear(rows, w1)) * F.linear(rows, w3)
-            out[begin : begin + count] = F.linear(hidden, w2).float()
+            out[begin : begin + count] = run_expert(expert, xs[begin : begin + count]).float()
             begin += count
     out *= expert_weights.reshape(-1)[order].unsqueeze(-1)
     total = torch.zeros(n_tokens, x.shape[-1], dtype=torch.float32, device=x.device)

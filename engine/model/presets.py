@@ -1,6 +1,9 @@
-"""Named configurations: `full` is Kimi-Linear-48B-A3B; `tiny` and `small` keep its layout at smaller sizes."""
+"""Named configurations: `full` is Kimi-Linear-48B-A3B; `tiny` and `small` keep its layout at smaller sizes;
+`wide` has the full model's widths (every GEMV the real model runs, at its real size) in four layers."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from engine.model.config import KimiLinearConfig
 
@@ -102,7 +105,19 @@ SMALL = _config(
     rms_norm_eps=1e-5,
 )
 
-PRESETS: dict[str, KimiLinearConfig] = {"tiny": TINY, "small": SMALL, "full": FULL}
+# The real widths (hidden, KDA and MLA heads, dense MLP, expert width, vocabulary) with 4 layers (KDA, KDA,
+# KDA, MLA; layer 0 dense) and 32 experts top-8: per-op sizes and overhead look like the real model's.
+WIDE = dataclasses.replace(
+    FULL,
+    bos_token_id=_SYNTH_SPECIAL_BASE,  # the synthetic byte-level tokenizer's special ids, as _config sets
+    eos_token_id=_SYNTH_SPECIAL_BASE + 2,
+    pad_token_id=_SYNTH_SPECIAL_BASE + 255,
+    num_hidden_layers=4,
+    full_attn_layers=_mla_every_fourth(4),
+    num_experts=32,
+)
+
+PRESETS: dict[str, KimiLinearConfig] = {"tiny": TINY, "small": SMALL, "wide": WIDE, "full": FULL}
 
 
 def preset(name: str) -> KimiLinearConfig:

@@ -5,11 +5,14 @@ plan's precision, e.g. the BF16 LM head); `PackedExpertBank` replaces a layer's 
 whose last slot may be the shared expert). Both take the registry's selections at construction (or
 `bind`) and call the bound functions directly, so a decode step does no registry lookups.
 
+A variant that reads its own weight layout (``Variant.pack``, e.g. torch's CPU int4pack) gets its packed
+copy of the weights at `bind`; the artifact's codes stay too (other variants, `dense_weight`).
+
 Decode (at most `DECODE_MAX_ROWS` tokens) runs the kernels: static shapes, no host reads, CUDA-graph
-capturable. Prefill (more tokens) dequantises instead: each projection's weight to the activation dtype
-once per call followed by a matmul, and for experts one expert at a time over the tokens routed to it.
-That is correct first and fast second: a GEMV kernel re-reads its weight for every row, so it does not
-fit many tokens, and the W4A16 GEMM that would is not written.
+capturable. Prefill (more tokens) runs them too when the variant is a GEMM (``Variant.many_rows``: one call
+per projection, and per expert over the tokens routed to it); otherwise it dequantises: each projection's
+weight to the activation dtype once per call followed by a matmul, and for experts one expert at a time
+over the tokens routed to it (a GEMV kernel re-reads its weight for every row, so it does not fit many).
 """
 
 from __future__ import annotations
@@ -19,14 +22,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.kernels.linear import GEMV_FOR_FORMAT
-from engine.kernels.registry import Selection
-from engine.model.moe import grouped_expert_ffn
+from engine.kernels.registry import Selection, Variant
+from engine.model.moe import grouped_expert_ffn, grouped_expert_rows
 from engine.quant.codec import LinearWeight, dequantize
 
 # Up to this many rows (tokens x sequences) go through the GEMV kernels; more take the prefill path.
 DECODE_MAX_ROWS = 16
 
 GROUPED_OPS = ("w4a16_grouped_swiglu", "w4a16_grouped_gemv", "route_combine")
+
+
+def _packed_for(v: Variant, codes: torch.Tensor, scales: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (codes, scales) pair in the layout ``v`` reads."""
+    return (codes, scales) if v.pack is None else v.pack(codes, scales)
 
 
 class PackedLinear(nn.Module):
@@ -47,7 +55,12 @@ class PackedLinear(nn.Module):
         """Use the variants in ``selections`` (from `engine.kernels.resolve`) from now on."""
         op = GEMV_FOR_FORMAT[self.format]
         self.kernels = {op: selections[op]}
-        self._gemv = selections[op].variant.fn
+        chosen = selections[op].variant
+        self._gemv, self._many_rows = chosen.fn, chosen.many_rows
+        if self.scales is None:
+            self._weight_args = (self.data,)
+        else:
+            self._weight_args = (*_packed_for(chosen, self.data, self.scales), self.group_size)
 
     @property
     def weight(self) -> LinearWeight:
@@ -55,12 +68,10 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] > DECODE_MAX_ROWS:
+        if rows.shape[0] > DECODE_MAX_ROWS and not self._many_rows:
             y = F.linear(rows, self.dense_weight(x.dtype))
-        elif self.scales is None:
-            y = self._gemv(rows, self.data)
         else:
-            y = self._gemv(rows, self.data, self.scales, self.group_size)
+            y = self._gemv(rows, *self._weight_args)
         return y.view(*x.shape[:-1], self.out_features)
 
     def dense_weight(self, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -113,7 +124,14 @@ class PackedExpertBank(nn.Module):
 
     def bind(self, selections: dict[str, Selection]) -> None:
         self.kernels = {op: selections[op] for op in GROUPED_OPS}
-        self._swiglu, self._grouped, self._combine = (selections[op].variant.fn for op in GROUPED_OPS)
+        swiglu, grouped, combine = (selections[op].variant for op in GROUPED_OPS)
+        self._swiglu, self._grouped, self._combine = swiglu.fn, grouped.fn, combine.fn
+        self._gate_up = (
+            *_packed_for(swiglu, self.w1_codes, self.w1_scales),
+            *_packed_for(swiglu, self.w3_codes, self.w3_scales),
+        )
+        self._down = _packed_for(grouped, self.w2_codes, self.w2_scales)
+        self._many_rows = swiglu.many_rows and grouped.many_rows
 
     def _route_table(self, expert_ids: torch.Tensor, expert_weights: torch.Tensor):
         """Append the shared slot with weight 1 to every token's routes."""
@@ -130,11 +148,22 @@ class PackedExpertBank(nn.Module):
         ids, weights = self._route_table(expert_ids, expert_weights.float())
         x = x.contiguous()
         if x.shape[0] > DECODE_MAX_ROWS:
+            if self._many_rows:
+                return grouped_expert_rows(x, ids, weights, self.slots, self._expert_rows)
             return grouped_expert_ffn(x, ids, weights, self.slots, lambda e: self._dense_expert(e, x.dtype))
         g = self.group_size
-        hidden = self._swiglu(x, self.w1_codes, self.w1_scales, self.w3_codes, self.w3_scales, ids, g)
-        y = self._grouped(hidden, self.w2_codes, self.w2_scales, ids, g)
+        hidden = self._swiglu(x, *self._gate_up, ids, g)
+        y = self._grouped(hidden, *self._down, ids, g)
         return self._combine(y, weights)
+
+    def _expert_rows(self, slot: int, rows: torch.Tensor) -> torch.Tensor:
+        """One expert over many rows through the kernels: a one-slot bank (a view) and route 0."""
+        one = slice(slot, slot + 1)
+        gate_up = tuple(t[one] for t in self._gate_up)
+        route = torch.zeros((rows.shape[0], 1), dtype=torch.int32, device=rows.device)
+        hidden = self._swiglu(rows, *gate_up, route, self.group_size)
+        down = tuple(t[one] for t in self._down)
+        return self._grouped(hidden.squeeze(1), *down, route, self.group_size).squeeze(1)
 
     def _dense_expert(self, slot: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
         return tuple(

@@ -22,6 +22,7 @@ import torch
 
 from engine.kernels import KernelUnavailable
 from engine.model import CheckpointError, ConfigError, KimiLinearForCausalLM, SamplingParams, Tokenizer
+from engine.model.dtypes import default_dtype
 from engine.model.mla import MultiheadLatentAttention
 from engine.quant import ArtifactError, kernel_variants, use_kernels
 from engine.runtime.cache_pool import CachePool, Lease
@@ -141,7 +142,7 @@ class Engine:
 
         `weights` is a checkpoint or an INT4 artifact directory (verified first unless `verify=False`);
         `synthetic` a preset, quantised in memory by the plan `quant` when given. `kernels` (op ->
-        variant) chooses a packed model's kernels, resolved and bound once here. `device` defaults to CUDA when available; `dtype` to BF16 on a GPU, FP32 on the CPU. CUDA graphs
+        variant) chooses a packed model's kernels, resolved and bound once here. `device` defaults to CUDA when available; `dtype` to `engine.model.dtypes.default_dtype` (BF16 on a GPU and on CPUs with native BF16, else FP32). CUDA graphs
         are used only on a GPU. Prefix snapshots get `prefix_cache_gib` (default 4 on a GPU, in host
         memory outside the cap; 1 on the CPU, inside it; 0 turns the prefix cache off).
         """
@@ -149,7 +150,7 @@ class Engine:
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
-        dtype = dtype or (torch.bfloat16 if device.type == "cuda" else torch.float32)
+        dtype = dtype or default_dtype(device)
         on_gpu = device.type == "cuda"
         kernel_name, kernel = select_kda_kernel(kda_kernel, device)
         if prefix_cache_gib is None:

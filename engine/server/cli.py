@@ -61,7 +61,8 @@ DEFAULT_GPU_CAP_GIB = 32.0
     type=click.Choice(["auto", *DTYPES]),
     default="auto",
     show_default=True,
-    help="Weights and activations; auto is bfloat16 on a GPU, float32 on the CPU.",
+    help="Weights and activations; auto is bfloat16 on a GPU and on CPUs with native BF16 "
+    "(avx512_bf16 / AMX), float32 on other CPUs.",
 )
 @click.option(
     "--memory-cap-gib",

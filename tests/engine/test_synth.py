@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -13,9 +14,11 @@ import torch
 from click.testing import CliRunner
 from safetensors import safe_open
 
+from engine import gguf_export
 from engine.cli import main
 from engine.model.checkpoint_spec import checkpoint_tensors
-from engine.model.presets import FULL, SMALL, TINY
+from engine.model.presets import FULL, SMALL, TINY, WIDE
+from engine.quant import make_plan, quantized_meta_model
 from engine.synth import init_synthetic_weights, plan_shards, synthetic_tensor, write_synthetic_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -131,3 +134,32 @@ def test_cli_entry_point_full_dry_run():
     assert "tensors: 20493 (20453 bfloat16, 40 float32)" in done.stdout
     assert "bytes: 98,245,528,576" in done.stdout
     assert "parameters: 49,122,681,728" in done.stdout
+
+
+def test_wide_preset_has_the_real_widths_in_four_layers():
+    """Checked on shapes alone: `wide` is ~3.3 GB in BF16, too big to write in a unit test."""
+    different = {"num_hidden_layers", "full_attn_layers", "num_experts"}
+    special = {"bos_token_id", "eos_token_id", "pad_token_id"}  # the synthetic tokenizer's
+    for field in dataclasses.fields(FULL):
+        if field.name not in different | special:
+            assert getattr(WIDE, field.name) == getattr(FULL, field.name), field.name
+    assert (WIDE.num_hidden_layers, WIDE.full_attn_layers, WIDE.first_k_dense_replace) == (4, (3,), 1)
+    assert (WIDE.num_experts, WIDE.num_experts_per_token, WIDE.num_shared_experts) == (32, 8, 1)
+    shapes = {s.name: tuple(s.shape) for s in checkpoint_tensors(WIDE)}
+    assert shapes["model.embed_tokens.weight"] == shapes["lm_head.weight"] == (163_840, 2304)
+    assert shapes["model.layers.0.mlp.gate_proj.weight"] == (9216, 2304)
+    assert shapes["model.layers.0.self_attn.q_proj.weight"] == (32 * 128, 2304)
+    assert shapes["model.layers.3.self_attn.q_proj.weight"] == (32 * 192, 2304)
+    assert shapes["model.layers.3.self_attn.kv_b_proj.weight"] == (32 * 256, 512)
+    assert shapes["model.layers.1.block_sparse_moe.experts.31.w1.weight"] == (1024, 2304)
+    assert "model.layers.1.block_sparse_moe.experts.32.w1.weight" not in shapes
+    assert 3.2e9 < sum(s.nbytes for s in checkpoint_tensors(WIDE)) < 3.4e9
+
+
+def test_wide_preset_quantises_and_exports_on_meta():
+    """The INT4 model's structure and the GGUF tensor list for `wide`, nothing allocated."""
+    model = quantized_meta_model(WIDE, make_plan("default"), dtype=torch.bfloat16)
+    bank = model.model.layers[1].block_sparse_moe.experts
+    assert bank.slots == 33 and bank.w1_codes.shape == (33, 1024, 1152)
+    names = [entry.name for entry in gguf_export._entries(WIDE)]
+    assert "blk.1.ffn_gate_exps.weight" in names and "blk.3.attn_k_b.weight" in names

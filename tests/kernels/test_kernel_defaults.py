@@ -1,4 +1,5 @@
-"""Pins the shipped defaults: an ordinary CUDA run uses the Triton kernels the benchmarks measure.
+"""Pins the shipped defaults: an ordinary CUDA run uses the Triton kernels the benchmarks measure, an
+ordinary CPU run torch's own int4pack and BF16 kernels where decode measured them faster.
 
 Changing a default is a deliberate act: update this table together with the receipts that justify it.
 """
@@ -34,6 +35,24 @@ def test_plain_resolution_on_cuda_picks_the_pinned_variant(monkeypatch, op):
     assert (selected.variant.name, selected.source) == (PINNED_CUDA[op], "shipped default")
 
 
-def test_cpu_defaults_run_anywhere():
+PINNED_CPU = {
+    "w4a16_gemv": "int4pack",
+    "w8a16_gemv": "reference",
+    "w16a16_gemv": "native",
+    "w4a16_grouped_gemv": "int4pack",
+    "w4a16_grouped_swiglu": "int4pack",
+    "route_combine": "reference",
+}
+
+
+def test_cpu_defaults_are_pinned_and_run_on_the_cpu():
+    assert SHIPPED_DEFAULTS["cpu"] == PINNED_CPU
     for op, name in SHIPPED_DEFAULTS["cpu"].items():
         assert registry.unavailable_reason(registry.variant(op, name), "cpu") is None
+
+
+@pytest.mark.parametrize("op", sorted(PINNED_CPU))
+def test_plain_resolution_on_the_cpu_picks_the_pinned_variant(monkeypatch, op):
+    monkeypatch.delenv(registry.ENV_VAR, raising=False)
+    selected = registry.select(op, device="cpu")
+    assert (selected.variant.name, selected.source) == (PINNED_CPU[op], "shipped default")

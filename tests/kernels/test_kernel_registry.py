@@ -27,7 +27,7 @@ def test_every_operation_has_a_reference_first():
 def test_selection_order_argument_then_env_then_default(monkeypatch):
     monkeypatch.delenv(registry.ENV_VAR, raising=False)
     selected = registry.select("w4a16_gemv", device="cpu")
-    assert (selected.variant.name, selected.source) == ("reference", "shipped default")
+    assert (selected.variant.name, selected.source) == ("int4pack", "shipped default")
     monkeypatch.setenv(registry.ENV_VAR, " w4a16_gemv = triton , route_combine=reference")
     selected = registry.select("w4a16_gemv", device="cpu")
     assert (selected.variant.name, selected.source) == ("triton", registry.ENV_VAR)
@@ -41,7 +41,7 @@ def test_selection_order_argument_then_env_then_default(monkeypatch):
         ("w4a16_gemv", "not of the form"),
         ("=triton", "not of the form"),
         ("w4a16_gemv=", "not of the form"),
-        ("w4a16_gemv=fast", "no variant 'fast'; available: reference, triton"),
+        ("w4a16_gemv=fast", "no variant 'fast'; available: int4pack, reference, triton"),
         ("w4a16_gmev=triton", "unknown kernel operation"),
         ("w4a16_gemv=triton,w4a16_gemv=reference", "two variants"),
     ],
@@ -58,7 +58,7 @@ def test_unavailable_variant_raises_with_the_reason(monkeypatch):
         registry.KernelUnavailable, match=r"w4a16_gemv=triton \(argument\) cannot run on cpu: no driver"
     ):
         registry.get("w4a16_gemv", "triton", "cpu")
-    assert registry.get("w4a16_gemv", device="cpu") is registry.variant("w4a16_gemv", "reference").fn
+    assert registry.get("w4a16_gemv", device="cpu") is registry.variant("w4a16_gemv", "int4pack").fn
 
 
 def test_cuda_unavailable_reason_on_a_cpu_machine():

@@ -28,6 +28,7 @@ from engine.quant import (
     synthetic_quantized_model,
     use_kernels,
 )
+from engine.quant.packed import GROUPED_OPS
 from engine.synth import write_synthetic_checkpoint
 from tests.engine.cuda_graphs import assert_decode_replays_in_a_cuda_graph
 
@@ -88,7 +89,7 @@ def _compare(quantized, reference, prompt: torch.Tensor, steps: int) -> None:
 @pytest.mark.parametrize("plan", ["default", "shared-bf16", "int8-head"])
 def test_reference_kernels_match_the_dequantised_model(artifact, plan):
     path = artifact("tiny", plan)
-    quantized = load_quantized_model(path, dtype=torch.float32, kernels=None)
+    quantized = load_quantized_model(path, dtype=torch.float32, kernels=registry.named_choices("reference"))
     assert set(kernel_variants(quantized).values()) == {"reference"}
     moe = quantized.model.layers[1].block_sparse_moe
     assert isinstance(moe.experts, PackedExpertBank) and isinstance(quantized.lm_head, PackedLinear)
@@ -144,7 +145,7 @@ def test_in_memory_quantisation_builds_the_artifacts_model(artifact, checkpoints
 def test_kernels_are_rebound_and_bad_choices_refused_at_load(artifact):
     quantized = load_quantized_model(artifact("tiny"), dtype=torch.float32)
     assert use_kernels(quantized, {"route_combine": "triton"})["route_combine"] == "triton"
-    assert kernel_variants(quantized)["w4a16_gemv"] == "reference"
+    assert kernel_variants(quantized)["w4a16_gemv"] == SHIPPED_DEFAULTS["cpu"]["w4a16_gemv"]
     with pytest.raises(KernelSelectionError, match="no variant 'fastest'"):
         load_quantized_model(artifact("tiny"), dtype=torch.float32, kernels={"w4a16_gemv": "fastest"})
 
@@ -159,6 +160,30 @@ def test_bfloat16_activations_track_float32(artifact):
     token = want.argmax(-1)
     got, want = bf16.decode_step(token, caches[0]), reference.decode_step(token, caches[1])
     assert got.dtype == torch.bfloat16
+    assert (got.float() - want).abs().max() < 0.05 * want.abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_int4pack_kernels_track_the_dequantised_model_without_dequantising(artifact, monkeypatch, dtype):
+    """torch's CPU int4pack kernels in decode and in prefill (many rows, experts one GEMM each): BF16
+    activations, so within 5% of max|logit| of the FP32 dequantised model (as BF16 models are, below); no
+    weight is ever dequantised."""
+    path = artifact("tiny")
+    quantized = load_quantized_model(path, dtype=dtype, kernels=registry.named_choices("int4pack"))
+    assert {kernel_variants(quantized)[op] for op in GROUPED_OPS[:2] + ("w4a16_gemv",)} == {"int4pack"}
+    reference = load_dequantized_model(path, dtype=torch.float32)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a weight was dequantised")
+
+    monkeypatch.setattr("engine.quant.packed.dequantize", refuse)
+    tokens = _prompt(torch.Generator().manual_seed(13), 1, 40)  # > DECODE_MAX_ROWS: the prefill path
+    caches = quantized.new_cache(44), reference.new_cache(44)
+    got, want = quantized.prefill(tokens, caches[0]), reference.prefill(tokens, caches[1])
+    for _ in range(3):
+        assert (got.float() - want).abs().max() < 0.05 * want.abs().max()
+        token = want.argmax(-1)
+        got, want = quantized.decode_step(token, caches[0]), reference.decode_step(token, caches[1])
     assert (got.float() - want).abs().max() < 0.05 * want.abs().max()
 
 

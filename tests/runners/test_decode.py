@@ -3,13 +3,14 @@ import torch
 from click.testing import CliRunner
 
 import runners.decode as decode_runner
+from engine.kernels.defaults import SHIPPED_DEFAULTS
 from engine.quant import decode_bytes_per_token, make_plan
 from engine.runtime import Engine, open_model_source
 from engine.runtime.decode import DecodeRunner
 from harness.receipt import load_receipt, receipt_paths
 from runners.bandwidth import copy_bandwidth_gbs
 from runners.cli import main
-from runners.decode import WARMUP_TOKENS, measure
+from runners.decode import WARMUP_TOKENS, default_dtype_name, measure
 from runners.roofline import state_bytes_per_token, weight_bytes_per_token
 from tests.runtime.runtime_support import write_tiny_artifact
 
@@ -105,10 +106,10 @@ def test_an_int4_artifact_is_measured_as_it_is(tmp_path):
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     (receipt,) = map(load_receipt, receipt_paths(tmp_path / "results"))
-    assert receipt["name"] == "artifact.fp32.plan-default.kernels-default.ctx5.b1"
+    assert receipt["name"] == f"artifact.{default_dtype_name('cpu')}.plan-default.kernels-default.ctx5.b1"
     assert (
         receipt["config"]["quant"] == "default"
-        and receipt["config"]["kernel_variants"]["w4a16_gemv"] == "reference"
+        and receipt["config"]["kernel_variants"]["w4a16_gemv"] == SHIPPED_DEFAULTS["cpu"]["w4a16_gemv"]
     )
     assert "synthetic weights" in receipt["notes"]  # the artifact was made from a synthetic checkpoint
 
@@ -138,11 +139,15 @@ def test_quantised_run_records_the_bound_kernel_of_every_operation(tmp_path):
     receipts = {r["config"]["kernels"]: r for r in map(load_receipt, receipt_paths(tmp_path))}
     assert set(receipts) == {"default", "reference"}
     for selection, r in receipts.items():
-        assert r["name"] == f"synthetic-tiny.fp32.plan-default.kernels-{selection}.ctx5.b1"
+        assert (
+            r["name"]
+            == f"synthetic-tiny.{default_dtype_name('cpu')}.plan-default.kernels-{selection}.ctx5.b1"
+        )
         assert r["config"]["quant"] == "default" and r["config"]["plan"]["group_size"] == 32
-        # On the CPU the shipped defaults are the references: the receipt says so, whatever was asked.
+        # The receipt names the variant each operation was bound to.
+        bound = SHIPPED_DEFAULTS["cpu"] if selection == "default" else {}
         assert r["config"]["kernel_variants"] == {
-            op: "reference"
+            op: bound.get(op, "reference")
             for op in [
                 "route_combine",
                 "w16a16_gemv",

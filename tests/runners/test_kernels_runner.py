@@ -30,13 +30,13 @@ def test_cpu_run_times_every_variant_and_marks_the_interpreter_not_comparable(tm
     assert copy["derived"]["copy_bandwidth_gbs"] > 0 and copy["units"]["copy_gbs"] == "GB/s"
     variants = {(r["config"]["op"], r["config"]["variant"]) for r in receipts.values()}
     assert variants == {("route_combine", "reference"), ("route_combine", "triton"),
-                        ("w16a16_gemv", "reference"), ("w16a16_gemv", "triton")}  # fmt: skip
+                        ("w16a16_gemv", "reference"), ("w16a16_gemv", "triton"), ("w16a16_gemv", "native")}  # fmt: skip
     for r in receipts.values():
         cfg, derived = r["config"], r["derived"]
-        interpreted = cfg["variant"] != "reference"
+        interpreted = cfg["variant"] == "triton"
         assert cfg["comparable"] is not interpreted and cfg["interpreted"] is interpreted
         assert ("interpreter" in r["notes"]) is interpreted and "not comparable" in r["notes"]
-        expected = {"passed": True} if interpreted else {"reference": True}
+        expected = {"reference": True} if cfg["variant"] == "reference" else {"passed": True}
         assert {k: v for k, v in cfg["equivalence"].items() if k in expected} == expected
         assert len(r["samples"]["time_ms"]) == 2 and min(r["samples"]["time_ms"]) > 0
         assert derived["copy_bandwidth_gbs"] == copy["derived"]["copy_bandwidth_gbs"]
@@ -44,6 +44,7 @@ def test_cpu_run_times_every_variant_and_marks_the_interpreter_not_comparable(tm
         assert cfg["shape"]["B"] == 1 and cfg["preset"] == "tiny"
     bars = figures.build_all(tmp_path)["kernel_bandwidth"]["bars"]  # the interpreted runs are left out
     assert sorted(b["label"] for b in bars) == ["route_combine.reference experts_combine_B1",
+                                                "w16a16_gemv.native lm_head_B1",
                                                 "w16a16_gemv.reference lm_head_B1"]  # fmt: skip
 
 

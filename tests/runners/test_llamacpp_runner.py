@@ -6,9 +6,11 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
+from engine.kernels.defaults import SHIPPED_DEFAULTS
 from harness import figures
 from harness.receipt import load_receipt, receipt_paths
 from runners.cli import main
+from runners.decode import default_dtype_name
 from runners.gguf_requantize import QUANTISED, requantize_q4_0, tensor_types
 from runners.llamacpp import INT4, engine_runs, prepare_models
 from runners.llamacpp_tools import build_dir
@@ -44,7 +46,8 @@ def test_the_engine_runs_the_checkpoint_and_its_int4_artifact_through_the_runtim
         for kind in ("dense", "int4")
     }
     assert runs["dense"].kernel_variants == {}
-    assert runs["int4"].kernel_variants and set(runs["int4"].kernel_variants.values()) == {"reference"}
+    cpu_defaults = {op: SHIPPED_DEFAULTS["cpu"][op] for op in runs["int4"].kernel_variants}
+    assert runs["int4"].kernel_variants == cpu_defaults and "int4pack" in cpu_defaults.values()
     for run in runs.values():
         assert len(run.samples["decode_ms"]) == 2 * 3 and len(run.samples["decode_tok_s"]) == 2
         assert min(run.samples["decode_ms"]) > 0 and min(run.samples["prefill_tok_s"]) > 0
@@ -91,14 +94,14 @@ def test_head_to_head_on_tiny_writes_engine_and_llama_receipts_and_stops_the_ser
     assert result.exit_code == 0, result.output
     assert not [p for p in psutil.Process().children(recursive=True) if "llama-server" in p.name()]
     receipts = {r["name"]: r for r in (load_receipt(p) for p in receipt_paths(tmp_path / "results"))}
-    label = "synthetic-tiny.p8.n4.t1"
-    engines = {"f16": f"engine.{label}.fp32", "q4_0": f"engine.{label}.fp32.int4-default"}
+    label, dtype = "synthetic-tiny.p8.n4.t1", default_dtype_name("cpu")
+    engines = {"f16": f"engine.{label}.{dtype}", "q4_0": f"engine.{label}.{dtype}.int4-default"}
     assert set(receipts) == {*engines.values(), f"llama.cpp.{label}.f16", f"llama.cpp.{label}.q4_0"}
     dense, int4 = receipts[engines["f16"]], receipts[engines["q4_0"]]
     assert dense["config"]["kernel_variants"] == {} and dense["config"]["quant"] is None
     assert int4["config"]["quant"]["name"] == "default" and int4["config"]["quant"]["group_size"] == 32
-    assert set(int4["config"]["kernel_variants"].values()) == {"reference"}  # the CPU binds the references
-    assert "every kernel bound is the reference" in int4["notes"]
+    assert int4["config"]["kernel_variants"]["w4a16_grouped_swiglu"] == "int4pack"  # the CPU default
+    assert "int4pack kernels" in int4["notes"]
     for engine in (dense, int4):
         assert len(engine["samples"]["decode_ms"]) == 4 and "synthetic weights" in engine["notes"]
         assert "engine.runtime.Engine" in engine["config"]["engine"]
@@ -118,5 +121,5 @@ def test_head_to_head_on_tiny_writes_engine_and_llama_receipts_and_stops_the_ser
     assert "Q4_0 differs" in receipts[f"llama.cpp.{label}.q4_0"]["notes"]
     bars = figures.build_all(tmp_path / "results")["llamacpp_vs_engine"]["series"][0]["bars"]
     assert {b["name"] for b in bars if b["name"].startswith("engine")} == {
-        "engine fp32 dense", "engine INT4 default g32, fp32 activations"
+        f"engine {dtype} dense", f"engine INT4 default g32, {dtype} activations"
     }  # fmt: skip

@@ -14,7 +14,10 @@ from tests.runtime.runtime_support import write_tiny_artifact
 @pytest.fixture(scope="session")
 def engine() -> Engine:
     """Prefix cache off: tests that want it build their own engine (hits would change what is measured)."""
-    eng = Engine.load(synthetic="tiny", device="cpu", max_context=8192, prefix_cache_gib=0)
+    # FP32 (the CPU default may be BF16): the checks compare with FP32 tolerances.
+    eng = Engine.load(
+        synthetic="tiny", device="cpu", dtype=torch.float32, max_context=8192, prefix_cache_gib=0
+    )
     yield eng
     eng.close()
 

@@ -14,7 +14,9 @@ from tests.runtime.runtime_support import random_prompt
 
 @pytest.fixture(scope="module")
 def cached_engine():
-    eng = Engine.load(synthetic="tiny", device="cpu", max_context=4096, prefix_cache_gib=0.05)
+    eng = Engine.load(
+        synthetic="tiny", device="cpu", dtype=torch.float32, max_context=4096, prefix_cache_gib=0.05
+    )  # FP32: the checks compare with FP32 tolerances
     yield eng
     eng.close()
 

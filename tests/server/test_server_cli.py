@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from engine.cli import main
+from engine.kernels.defaults import SHIPPED_DEFAULTS
 from engine.model import Tokenizer
 from tests.runtime.runtime_support import ARTIFACT_CHAT_TEMPLATE, write_tiny_artifact
 from tests.server.server_support import REPO_ROOT, CliProcess
@@ -75,8 +76,10 @@ def test_serve_an_int4_artifact(tmp_path):
         process.stop()
     output = "".join(process.output)
     assert reply.usage.completion_tokens <= 4 and reply.choices[0].finish_reason in ("stop", "length"), output
-    assert health["quant_plan"] == "default" and health["kernel_variants"]["w4a16_gemv"] == "reference"
-    assert "INT4 artifact, plan default" in output and "w4a16_grouped_swiglu=reference" in output
+    cpu = SHIPPED_DEFAULTS["cpu"]
+    assert health["quant_plan"] == "default" and health["kernel_variants"]["w4a16_gemv"] == cpu["w4a16_gemv"]
+    assert "INT4 artifact, plan default" in output
+    assert f"w4a16_grouped_swiglu={cpu['w4a16_grouped_swiglu']}" in output
     rendered = jinja2.Template(ARTIFACT_CHAT_TEMPLATE).render(messages=messages, add_generation_prompt=True)
     expected = Tokenizer.from_dir(artifact).encode(rendered, allow_special=True)
     assert tokens.json()["tokens"] == expected  # the artifact's template, not the built-in synthetic one
