@@ -27,12 +27,14 @@ from engine.model import SamplingParams, SequenceCache
 from engine.quant import PLANS
 from engine.quant.manifest import MANIFEST_NAME
 from engine.runtime import LOAD_ERRORS, Engine
+from engine.runtime.compiled import STEPS
 from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
 from harness.caps import MemoryCap
 from harness.receipt import RESULTS_DIR, write_receipt
 from runners.bandwidth import copy_bandwidth_gbs
 from runners.regenerate import regenerate
 from runners.roofline import state_bytes_per_token, weight_bytes_per_token
+from runners.threads import apply_threads, threads_option
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 NO_QUANT = "none"
@@ -100,6 +102,12 @@ UNITS = {
     "roofline_tok_s": "tok/s",
     "fraction_of_roofline": "fraction",
 }
+
+
+def step_method(graphs: bool, compiled: bool) -> str:
+    """How a decode step runs, in words (receipts' method strings)."""
+    step = "Inductor-compiled static-buffer step" if compiled else "eager static-buffer step"
+    return f"{step}, one CUDA-graph replay per token" if graphs else step
 
 
 def positive_ints(text: str) -> list[int]:
@@ -183,17 +191,18 @@ def positive_ints(text: str) -> list[int]:
     help="Replay each decode step as a CUDA graph (GPU only), as the server does.",
 )
 @click.option(
-    "--threads",
-    type=click.IntRange(1),
+    "--step",
+    type=click.Choice(STEPS),
     default=None,
-    help="CPU threads for torch. Default: 1 (small models are dominated by per-op overhead, which "
-    "extra threads make worse on a shared machine).",
+    help="Decode step: eager (the oracle) or compiled (Inductor, once per cache; its compile time is "
+    "printed and recorded as compile_s). Default: KIMI_DECODE_STEP, else compiled on the CPU, eager on a GPU.",
 )
+@threads_option("torch")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tokens, repeats, quant,
-                   kernel_selections, memory_cap_gib, prefill_chunk, cuda_graphs, threads, seed, results,
+                   kernel_selections, memory_cap_gib, prefill_chunk, cuda_graphs, step, threads, seed, results,
                    no_regenerate) -> None:  # fmt: skip
     """Decode tokens/s and TTFT per context length, through the serving runtime, with the bandwidth
     roofline, as receipts."""
@@ -214,8 +223,7 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
     quantised = quant not in (None, NO_QUANT) or (weights is not None and (weights / MANIFEST_NAME).is_file())
     selections = _kernel_selections(kernel_selections, quantised, device)
 
-    if not on_gpu:
-        torch.set_num_threads(threads or 1)
+    threads = apply_threads(threads)
     label = weights.resolve().name if weights is not None else f"synthetic-{synthetic}"
     click.echo(
         f"loading {label} ({dtype_name}, quant {quant or 'from the artifact'}) on {device} ...", err=True
@@ -233,6 +241,7 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
             max_context=max(context_list) + gen_tokens,
             prefill_chunk=prefill_chunk,
             cuda_graphs=cuda_graphs,
+            step=step,
             prefix_cache_gib=0,  # every repeat must prefill its prompt
             progress=True,
         )
@@ -240,7 +249,7 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
         raise click.ClickException(str(e)) from None
     try:
         written = _measure_all(engine, label, dtype_name, selections, context_list, batch_list, gen_tokens,
-                               repeats, cap, seed, results)  # fmt: skip
+                               repeats, cap, seed, threads, results)  # fmt: skip
     finally:
         engine.close()
     for path in written:
@@ -250,7 +259,7 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
 
 
 def _measure_all(engine, label, dtype_name, selections, contexts, batches, gen_tokens, repeats, cap, seed,
-                 results) -> list[Path]:  # fmt: skip
+                 threads, results) -> list[Path]:  # fmt: skip
     source, model, device = engine.source, engine.model, str(engine.device)
     plan = source.plan
     click.echo("measuring copy bandwidth ...", err=True)
@@ -279,6 +288,12 @@ def _measure_all(engine, label, dtype_name, selections, contexts, batches, gen_t
             bytes_per_step = sum(weights.values()) + batch * sum(state.values())
             roofline_tok_s = batch * statistics.median(copy) * 1e9 / bytes_per_step
             graphs = engine.pool.graphs_for(batch)
+            compiled = engine.pool.compiled_for(batch)
+            cache_tokens = engine.pool.capacity_for(context + gen_tokens)
+            compile_s = engine.pool.compile_s.get((cache_tokens, batch)) if compiled else None
+            if compile_s is not None:
+                click.echo(f"\ncompiled the decode step for {cache_tokens} tokens x {batch} in {compile_s:.1f} s",
+                           err=True)  # fmt: skip
             written.append(
                 write_receipt(
                     "decode",
@@ -298,12 +313,14 @@ def _measure_all(engine, label, dtype_name, selections, contexts, batches, gen_t
                         "kernels": None if plan is None else selection,
                         "kernel_variants": variants,
                         "cuda_graphs": graphs,
-                        "decode": "engine.runtime.Engine: "
-                        + ("one CUDA-graph replay per token" if graphs else "eager static-buffer decode_step")
-                        + ", greedy, timed per token on the host",
+                        "decode_step": "compiled" if compiled else "eager",
+                        "compile_s": compile_s,
+                        "threads": threads,
+                        "decode": f"engine.runtime.Engine: {step_method(graphs, compiled)}, greedy, timed per "
+                        "token on the host",
                         "prefill_chunk": engine.plan.prefill_chunk,
                         "kda_prefill_kernel": engine.kda_kernel,
-                        "cache_tokens": engine.pool.capacity_for(context + gen_tokens),
+                        "cache_tokens": cache_tokens,
                         "bytes_per_token_components": weights | state,
                     },  # fmt: skip
                     samples=samples,
