@@ -36,13 +36,16 @@ def _lockstep(eager: Engine, compiled: Engine, prompt: list[int], n: int) -> lis
     errors = []
     try:
         for i in range(n):
-            tokens = [e.next_token(s, sampler) for e, s, sampler in zip((eager, compiled), seqs, samplers)]
+            tokens = [
+                e.next_token(s, sampler)
+                for e, s, sampler in zip((eager, compiled), seqs, samplers, strict=True)
+            ]
             assert tokens[0] == tokens[1], f"greedy tokens differ at step {i}"
             expected, actual = (s.logits for s in seqs)
             assert torch.isfinite(actual).all()
             errors.append(((actual - expected).abs().max() / expected.abs().max()).item())
     finally:
-        for e, s in zip((eager, compiled), seqs):
+        for e, s in zip((eager, compiled), seqs, strict=True):
             e.release(s)
     return errors
 
