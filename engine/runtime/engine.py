@@ -315,12 +315,16 @@ class Engine:
         if seq.last_tokens is not None:
             self._grow_if_full(seq)
             seq.logits = seq.lease.runner.step(seq.last_tokens)
-        columns = [list(col) for col in zip(*seq.generated, strict=True)] or [[] for _ in seq.prompt_ids]
-        tokens = sampler(seq.logits, columns)
+        tokens = sampler(seq.logits, self._columns(seq) if sampler.logits_processor is not None else [])
         seq.last_tokens = tokens
         ids = tokens.tolist()
         seq.generated.append(ids)
         return ids
+
+    @staticmethod
+    def _columns(seq: Sequence) -> list[list[int]]:
+        """Each prompt's generated tokens (rebuilt per token: only for a logits processor, which needs them)."""
+        return [list(col) for col in zip(*seq.generated, strict=True)] or [[] for _ in seq.prompt_ids]
 
     def release(self, seq: Sequence) -> None:
         """Give the sequence's cache back and drop its reservation (at once: used on cancellation too)."""
