@@ -9,7 +9,7 @@ import torch
 
 from engine.model import SamplingParams
 from engine.runtime import Engine, Sampler
-from engine.runtime.compiled import DEFAULT_STEPS, ENV_VAR, default_step, inductor_cache_dir
+from engine.runtime.compiled import DEFAULT_STEPS, ENV_VAR, CompiledStep, default_step, inductor_cache_dir
 from tests.runtime.runtime_support import random_prompt
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -84,6 +84,25 @@ def test_int4_weights_compile_with_the_packed_modules(tiny_artifact, rng):
     assert max(errors) <= LOGITS_RTOL, f"worst relative logit error {max(errors):.2e}"
 
 
+@pytest.mark.slow
+def test_the_compilation_count_sees_a_step_that_guards_on_the_host_length():
+    """What the one-compilation test guards against: a step reading `cache.length` (as `decode_step` does)
+    recompiles on every token."""
+
+    class HostLengthStep:
+        def decode_tensors(self, tokens, cache):
+            return tokens * cache.length
+
+    class Cache:
+        length = 1
+
+    step, cache = CompiledStep(HostLengthStep()), Cache()
+    for _ in range(3):
+        step(torch.ones(2), cache)
+        cache.length += 1
+    assert step.compilations == 3
+
+
 def test_the_shipped_default_is_compiled_on_the_cpu_and_the_environment_overrides_it(monkeypatch):
     assert DEFAULT_STEPS == {"cpu": "compiled", "cuda": "eager"}
     monkeypatch.delenv(ENV_VAR, raising=False)
@@ -104,3 +123,20 @@ def test_inductor_caches_under_the_project_cache(monkeypatch, tmp_path):
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setenv("KIMI_CACHE_DIR", str(tmp_path))
     assert inductor_cache_dir() == tmp_path / "inductor"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("quant", [None, "default"], ids=["dense", "int4-triton"])
+def test_a_compiled_step_captured_in_a_cuda_graph_gives_the_eager_tokens(quant, rng):
+    """The runner compiles in its warm-up steps, then captures the compiled function; packed weights run
+    the shipped Triton kernels (custom ops) inside it."""
+    kwargs = {"synthetic": "tiny", "quant": quant, "device": "cuda", "dtype": torch.float32}
+    eager = Engine.load(max_context=1024, prefix_cache_gib=0, step="eager", cuda_graphs=False, **kwargs)
+    compiled = Engine.load(max_context=1024, prefix_cache_gib=0, step="compiled", **kwargs)
+    try:
+        errors = _lockstep(eager, compiled, random_prompt(rng, 11), 32)
+        assert compiled.pool.graphs_captured == 1 and compiled.memory_report()["steps_compiled"] == 1
+    finally:
+        eager.close()
+        compiled.close()
+    assert max(errors) <= 1e-3, f"worst relative logit error {max(errors):.2e}"  # TF32/Triton reorderings
