@@ -27,7 +27,7 @@ from engine.model import SamplingParams, SequenceCache
 from engine.quant import PLANS
 from engine.quant.manifest import MANIFEST_NAME
 from engine.runtime import LOAD_ERRORS, Engine
-from engine.runtime.compiled import STEPS
+from engine.runtime.compiled import step_option
 from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
 from harness.caps import MemoryCap
 from harness.receipt import RESULTS_DIR, write_receipt
@@ -214,13 +214,7 @@ def positive_ints(text: str) -> list[int]:
     show_default=True,
     help="Replay each decode step as a CUDA graph (GPU only), as the server does.",
 )
-@click.option(
-    "--step",
-    type=click.Choice(STEPS),
-    default=None,
-    help="Decode step: eager (the oracle) or compiled (Inductor, once per cache; its compile time is "
-    "printed and recorded as compile_s). Default: KIMI_DECODE_STEP, else compiled on the CPU, eager on a GPU.",
-)
+@step_option
 @threads_option("torch")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)

@@ -23,6 +23,7 @@ import time
 import types
 from pathlib import Path
 
+import click
 import torch
 
 from engine.model import KimiLinearForCausalLM, SequenceCache
@@ -45,6 +46,17 @@ def check_step(step: str, *, source: str = "step") -> str:
     if step not in STEPS:
         raise ValueError(f"{source}: unknown decode step {step!r}; choose one of {', '.join(STEPS)}")
     return step
+
+
+def step_option(command):
+    """The `--step` option of `kimi-engine serve` and the decode runner."""
+    return click.option(
+        "--step",
+        type=click.Choice(STEPS),
+        default=None,
+        help="Decode step: eager (the oracle), or compiled by Inductor once per cache size (its compile time "
+        "is printed). Default: KIMI_DECODE_STEP, else compiled on the CPU, eager on a GPU.",
+    )(command)
 
 
 def inductor_cache_dir() -> Path:

@@ -12,7 +12,7 @@ import click
 from engine.kernels import DEFAULT_SELECTION
 from engine.model.presets import PRESETS
 from engine.quant.plan import PLANS
-from engine.runtime.compiled import STEPS
+from engine.runtime.compiled import step_option
 from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
 from engine.runtime.kda_kernels import KDA_KERNELS
 
@@ -108,13 +108,7 @@ DEFAULT_GPU_CAP_GIB = 32.0
     show_default=True,
     help="Replay decode steps as CUDA graphs (GPU only).",
 )
-@click.option(
-    "--step",
-    type=click.Choice(STEPS),
-    default=None,
-    help="Decode step: eager, or compiled by Inductor once per cache size (compiled at start-up for a "
-    "typical request; the time is printed). Default: KIMI_DECODE_STEP, else compiled on the CPU, eager on a GPU.",
-)
+@step_option
 @click.option(
     "--kda-kernel",
     type=click.Choice(KDA_KERNELS),

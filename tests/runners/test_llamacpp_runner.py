@@ -85,7 +85,7 @@ def test_q4_0_copy_quantises_the_plan_tensors_within_one_step_and_copies_the_res
 def test_head_to_head_on_tiny_writes_engine_and_llama_receipts_and_stops_the_server(tmp_path):
     result = CliRunner().invoke(
         main,
-        ["llamacpp", "--synthetic", "tiny", "--prompt", "8", "--gen", "4", "--repeats", "1",
+        ["llamacpp", "--synthetic", "tiny", "--prompt", "8", "--gen", "4", "--repeats", "1", "--threads", "1",
          "--models", str(tmp_path / "models"), "--results", str(tmp_path / "results"), "--no-regenerate"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
