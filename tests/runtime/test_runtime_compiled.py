@@ -140,3 +140,15 @@ def test_a_compiled_step_captured_in_a_cuda_graph_gives_the_eager_tokens(quant, 
         eager.close()
         compiled.close()
     assert max(errors) <= 1e-3, f"worst relative logit error {max(errors):.2e}"  # TF32/Triton reorderings
+
+
+def test_warm_up_leaves_the_runner_idle_for_the_first_request(engine, rng):
+    engine.pool.drop_idle()
+    assert engine.warm_up(64) is None  # an eager step has no compile time
+    assert engine.pool.idle_count == 1 and engine.pool.reserved_bytes == 0
+    runner = next(iter(engine.pool._idle.values()))[0].runner
+    seq = engine.prefill([random_prompt(rng, 5)], max_new_tokens=10)
+    try:
+        assert seq.lease.runner is runner and engine.pool.idle_count == 0
+    finally:
+        engine.release(seq)
