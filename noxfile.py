@@ -66,11 +66,16 @@ def lint(session: nox.Session) -> None:
     session.run("ruff", "format", "--check", ".")
 
 
+# Thread counts every engine benchmark runs at: one, and the runners' default (all cores).
+THREAD_RUNS = (["--threads", "1"], [])
+
+
 @nox.session(name="bench-decode", python=PYTHON)
 def bench_decode(session: nox.Session) -> None:
     """Engine decode tokens/s and TTFT under the memory cap, with the roofline (args go to the runner)."""
     install(session)
-    session.run("python", "-m", "runners", "decode", "--no-regenerate", *session.posargs)
+    for threads in THREAD_RUNS:  # one thread, then all cores
+        session.run("python", "-m", "runners", "decode", "--no-regenerate", *threads, *session.posargs)
     session.run("python", "-m", "runners", "profile")  # the decode time split; regenerates the report
 
 
@@ -126,7 +131,8 @@ def accuracy(session: nox.Session) -> None:
 def bench_llamacpp(session: nox.Session) -> None:
     """Our engine against llama.cpp on the same model and machine (args go to the runner)."""
     install(session)
-    session.run("python", "-m", "runners", "llamacpp", *session.posargs)
+    for threads in THREAD_RUNS:  # one thread, then all cores
+        session.run("python", "-m", "runners", "llamacpp", *threads, *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -40,6 +40,7 @@ from runners.quality_metrics import (
     top1_agreement,
 )
 from runners.regenerate import regenerate
+from runners.threads import apply_threads, threads_option
 
 
 def sampled_sequences(model: KimiLinearForCausalLM, count: int, length: int, seed: int) -> torch.Tensor:
@@ -201,9 +202,7 @@ def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype
     show_default=True,
     help="Model dtype. FP32 holds dequantised values exactly; BF16 rounds them once more.",
 )
-@click.option(
-    "--threads", type=click.IntRange(1), default=1, show_default=True, help="CPU threads for torch."
-)
+@threads_option("torch")
 @click.option(
     "--seed", default=0, show_default=True, help="Seed of the synthetic weights and the token sets."
 )
@@ -224,8 +223,7 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
         raise click.BadParameter(
             "--text needs --weights (a checkpoint with a tokenizer)", param_hint="--text"
         )
-    if device == "cpu":
-        torch.set_num_threads(threads)
+    threads = apply_threads(threads)
     label = weights.name if weights is not None else f"synthetic-{synthetic}"
     click.echo(f"building {label} ({dtype}) on {device} ...", err=True)
     model, source, checkpoint = _model(weights, synthetic, device, DTYPES[dtype], seed)
@@ -288,6 +286,7 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
                         "prompt_len": prompt_len,
                         "greedy_tokens": greedy_tokens_n,
                         "seed": seed,
+                        "threads": threads,
                         "router_layers": sorted(reference.expert_sets),
                         "full_config": "Kimi-Linear-48B-A3B (engine.model.preset('full')) for full_weight_bytes_*",
                     },

@@ -28,6 +28,7 @@ from engine.model.dtypes import default_dtype
 from engine.quant import PLANS
 from engine.quant.manifest import MANIFEST_NAME
 from engine.runtime import LOAD_ERRORS, Engine
+from engine.runtime.compiled import step_option
 from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
 from harness.caps import MemoryCap
 from harness.receipt import RESULTS_DIR, write_receipt
@@ -35,6 +36,7 @@ from runners.bandwidth import copy_bandwidth_gbs
 from runners.options import positive_ints
 from runners.regenerate import regenerate
 from runners.roofline import state_bytes_per_token, weight_bytes_per_token
+from runners.threads import apply_threads, threads_option
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 
@@ -61,7 +63,9 @@ def measure(
     - `ttft_ms`: `engine.prefill` (every chunk) plus the first token sampled from its logits and on the host;
     - `decode_ms`: each of the next `gen_tokens` tokens, from the previous token on the host to this one
       (one decode step, i.e. one graph replay on a GPU, greedy sampling, the copy to the host);
-    - `decode_tok_s` = batch × gen_tokens / their sum, `prefill_tok_s` = batch × context / TTFT.
+    - `decode_tok_s` = batch × gen_tokens / their sum, `prefill_tok_s` = batch × context / TTFT;
+    - `raw_decode_tok_s`: right after, the same prompts through the model's bare eager `decode_step` loop,
+      so a receipt shows what the runtime around the step costs or saves.
 
     The prefix cache must be off: a hit would skip the prefill being timed.
     """
@@ -71,11 +75,31 @@ def measure(
     vocab = engine.model.config.vocab_size
     prompts = lambda: torch.randint(0, vocab, (batch, context), generator=generator).tolist()
     _repeat(engine, prompts(), gen_tokens, min(gen_tokens, WARMUP_TOKENS))
+    capacity = engine.pool.capacity_for(context + gen_tokens)
     samples: dict[str, list[float]] = {}
     for _ in range(repeats):
-        for key, values in _repeat(engine, prompts(), gen_tokens, gen_tokens).items():
+        chosen = prompts()
+        for key, values in _repeat(engine, chosen, gen_tokens, gen_tokens).items():
             samples.setdefault(key, []).extend(values)
+        raw = raw_decode_tok_s(engine.model, chosen, gen_tokens, capacity, engine.plan.prefill_chunk)
+        samples.setdefault("raw_decode_tok_s", []).append(raw)
     return samples
+
+
+def raw_decode_tok_s(model, prompts: list[list[int]], gen_tokens: int, capacity: int, chunk: int) -> float:
+    """The baseline the runtime must not fall behind: the model's own eager `decode_step` loop, greedy, each
+    token to the host, on a cache of the capacity the engine gave the same prompts. Tokens/s."""
+    cache = model.new_cache(capacity, batch_size=len(prompts))
+    ids = torch.tensor(prompts, device=model.device)
+    for begin in range(0, ids.shape[1], chunk):
+        logits = model.prefill(ids[:, begin : begin + chunk], cache)
+    tokens = logits.argmax(-1)
+    tokens.tolist()
+    start = time.perf_counter()
+    for _ in range(gen_tokens):
+        tokens = model.decode_step(tokens, cache).argmax(-1)
+        tokens.tolist()
+    return len(prompts) * gen_tokens / (time.perf_counter() - start)
 
 
 def _repeat(engine: Engine, prompts: list[list[int]], gen_tokens: int, steps: int) -> dict[str, list[float]]:
@@ -105,11 +129,19 @@ UNITS = {
     "prefill_tok_s": "tok/s",
     "decode_ms": "ms/step",
     "decode_tok_s": "tok/s",
+    "raw_decode_tok_s": "tok/s",
+    "engine_over_raw_decode": "ratio",
     "copy_gbs": "GB/s",
     "bytes_per_step": "B",
     "roofline_tok_s": "tok/s",
     "fraction_of_roofline": "fraction",
 }
+
+
+def step_method(graphs: bool, compiled: bool) -> str:
+    """How a decode step runs, in words (receipts' method strings)."""
+    step = "Inductor-compiled static-buffer step" if compiled else "eager static-buffer step"
+    return f"{step}, one CUDA-graph replay per token" if graphs else step
 
 
 @click.command("decode")
@@ -182,18 +214,13 @@ UNITS = {
     show_default=True,
     help="Replay each decode step as a CUDA graph (GPU only), as the server does.",
 )
-@click.option(
-    "--threads",
-    type=click.IntRange(1),
-    default=None,
-    help="CPU threads for torch. Default: 1 (small models are dominated by per-op overhead, which "
-    "extra threads make worse on a shared machine).",
-)
+@step_option
+@threads_option("torch")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tokens, repeats, quant,
-                   kernel_selections, memory_cap_gib, prefill_chunk, cuda_graphs, threads, seed, results,
+                   kernel_selections, memory_cap_gib, prefill_chunk, cuda_graphs, step, threads, seed, results,
                    no_regenerate) -> None:  # fmt: skip
     """Decode tokens/s and TTFT per context length, through the serving runtime, with the bandwidth
     roofline, as receipts."""
@@ -214,8 +241,7 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
     quantised = quant not in (None, NO_QUANT) or (weights is not None and (weights / MANIFEST_NAME).is_file())
     selections = _kernel_selections(kernel_selections, quantised, device)
 
-    if not on_gpu:
-        torch.set_num_threads(threads or 1)
+    threads = apply_threads(threads)
     label = weights.resolve().name if weights is not None else f"synthetic-{synthetic}"
     click.echo(
         f"loading {label} ({dtype_name}, quant {quant or 'from the artifact'}) on {device} ...", err=True
@@ -233,6 +259,7 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
             max_context=max(context_list) + gen_tokens,
             prefill_chunk=prefill_chunk,
             cuda_graphs=cuda_graphs,
+            step=step,
             prefix_cache_gib=0,  # every repeat must prefill its prompt
             progress=True,
         )
@@ -240,7 +267,7 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
         raise click.ClickException(str(e)) from None
     try:
         written = _measure_all(engine, label, dtype_name, selections, context_list, batch_list, gen_tokens,
-                               repeats, cap, seed, results)  # fmt: skip
+                               repeats, cap, seed, threads, results)  # fmt: skip
     finally:
         engine.close()
     for path in written:
@@ -250,7 +277,7 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
 
 
 def _measure_all(engine, label, dtype_name, selections, contexts, batches, gen_tokens, repeats, cap, seed,
-                 results) -> list[Path]:  # fmt: skip
+                 threads, results) -> list[Path]:  # fmt: skip
     source, model, device = engine.source, engine.model, str(engine.device)
     plan = source.plan
     click.echo("measuring copy bandwidth ...", err=True)
@@ -269,7 +296,9 @@ def _measure_all(engine, label, dtype_name, selections, contexts, batches, gen_t
             name = f"{label}.{dtype_name}"
             if plan is not None:
                 name += f".plan-{plan.name}.kernels-{selection}"
-            with MemoryCap(cap, device=device) as mem:
+            # Poll RSS as often as the engine's own cap: a 10 ms poller contends for the GIL with a
+            # one-thread CPU decode.
+            with MemoryCap(cap, device=device, poll_s=0.1) as mem:
                 samples = measure(engine, context, batch, gen_tokens, repeats=repeats, seed=seed)
             state = state_bytes_per_token(
                 SequenceCache(model.config, context + 1, device="meta", dtype=model.dtype), context
@@ -279,6 +308,12 @@ def _measure_all(engine, label, dtype_name, selections, contexts, batches, gen_t
             bytes_per_step = sum(weights.values()) + batch * sum(state.values())
             roofline_tok_s = batch * statistics.median(copy) * 1e9 / bytes_per_step
             graphs = engine.pool.graphs_for(batch)
+            compiled = engine.pool.compiled_for(batch)
+            cache_tokens = engine.pool.capacity_for(context + gen_tokens)
+            compile_s = engine.pool.compile_s.get((cache_tokens, batch)) if compiled else None
+            if compile_s is not None:
+                click.echo(f"\ncompiled the decode step for {cache_tokens} tokens x {batch} in {compile_s:.1f} s",
+                           err=True)  # fmt: skip
             written.append(
                 write_receipt(
                     "decode",
@@ -298,23 +333,33 @@ def _measure_all(engine, label, dtype_name, selections, contexts, batches, gen_t
                         "kernels": None if plan is None else selection,
                         "kernel_variants": variants,
                         "cuda_graphs": graphs,
-                        "decode": "engine.runtime.Engine: "
-                        + ("one CUDA-graph replay per token" if graphs else "eager static-buffer decode_step")
-                        + ", greedy, timed per token on the host",
+                        "decode_step": "compiled" if compiled else "eager",
+                        "compile_s": compile_s,
+                        "threads": threads,
+                        "decode": f"engine.runtime.Engine: {step_method(graphs, compiled)}, greedy, timed per "
+                        "token on the host",
                         "prefill_chunk": engine.plan.prefill_chunk,
                         "kda_prefill_kernel": engine.kda_kernel,
-                        "cache_tokens": engine.pool.capacity_for(context + gen_tokens),
+                        "cache_tokens": cache_tokens,
                         "bytes_per_token_components": weights | state,
                     },  # fmt: skip
                     samples=samples,
                     units={
                         k: UNITS[k]
-                        for k in [*samples, "bytes_per_step", "roofline_tok_s", "fraction_of_roofline"]
+                        for k in [
+                            *samples,
+                            "bytes_per_step",
+                            "roofline_tok_s",
+                            "fraction_of_roofline",
+                            "engine_over_raw_decode",
+                        ]
                     },  # fmt: skip
                     derived={
                         "bytes_per_step": bytes_per_step,
                         "roofline_tok_s": roofline_tok_s,
                         "fraction_of_roofline": statistics.median(samples["decode_tok_s"]) / roofline_tok_s,
+                        "engine_over_raw_decode": statistics.median(samples["decode_tok_s"])
+                        / statistics.median(samples["raw_decode_tok_s"]),
                     },
                     notes="synthetic weights (decode speed does not depend on weight values)"
                     if source.synthetic

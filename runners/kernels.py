@@ -33,6 +33,7 @@ from runners import gpu_check
 from runners.bandwidth import copy_bandwidth_gbs
 from runners.decode import positive_ints
 from runners.regenerate import regenerate
+from runners.threads import all_cores, apply_threads, threads_option
 
 MIN_SAMPLE_S = 0.02  # a sample times enough calls to last this long (timer resolution, loop overhead)
 LLC_FALLBACK = 32 << 20
@@ -82,7 +83,7 @@ def measure_cpu(
     reason = triton_unavailable("cpu")
     if reason is not None:
         raise click.ClickException(f"cannot run the Triton variants on the CPU: {reason}")
-    torch.set_num_threads(threads)
+    apply_threads(threads)
     checks, timed = gpu_check.plan(
         preset(preset_name), group, tuple(batches), ops, references=True, device="cpu"
     )
@@ -163,9 +164,7 @@ def measure_cpu(
 )
 @click.option("--ops", default=None, help="Operations, comma-separated (default: all).")
 @click.option("--repeats", type=click.IntRange(1), default=5, show_default=True, help="Timed samples (CPU).")
-@click.option(
-    "--threads", type=click.IntRange(1), default=1, show_default=True, help="CPU threads for torch."
-)
+@threads_option("torch")
 @click.option(
     "--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Default: cuda when available."
 )
@@ -200,7 +199,7 @@ def kernels_command(
     else:
         spec = {
             "preset_name": preset_name or "tiny", "group": group_size, "batches": positive_ints(batches or "1"),
-            "ops": op_list, "repeats": repeats, "threads": threads, "copy_mib": copy_mib, "results": str(results),
+            "ops": op_list, "repeats": repeats, "threads": threads or all_cores(), "copy_mib": copy_mib, "results": str(results),
             "command": command,
         }  # fmt: skip
         failed = measure_cpu(**spec) if triton_unavailable("cpu") is None else _in_interpreter(spec)

@@ -34,10 +34,11 @@ from engine.synth import write_synthetic_checkpoint
 from harness.hardware import REPO_ROOT
 from harness.receipt import RESULTS_DIR, write_receipt
 from runners import gguf_requantize
-from runners.decode import DTYPES, default_dtype_name, measure
+from runners.decode import DTYPES, default_dtype_name, measure, step_method
 from runners.llamacpp_server import completion_timings, running_server
 from runners.llamacpp_tools import Tools, ensure_tools
 from runners.regenerate import regenerate
+from runners.threads import apply_threads, threads_option
 
 MODELS = REPO_ROOT / ".cache" / "llamacpp-models"
 # Whatever decides the bytes of the files: a change to any of these rebuilds them.
@@ -149,6 +150,8 @@ class EngineRun:
     samples: dict[str, list[float]]
     method: str
     kernel_variants: dict[str, str]  # op -> variant bound ({} for the dense model)
+    decode_step: str  # eager / compiled
+    compile_s: float | None  # the compiled step's compile time (None: eager)
 
 
 def engine_runs(
@@ -161,8 +164,15 @@ def engine_runs(
     )
     try:
         samples = measure(engine, prompt, 1, gen, repeats=repeats, seed=seed)
-        graphs = engine.pool.graphs_for(1)
-        return EngineRun(samples, _engine_method(graphs), engine.kernel_variants)
+        graphs, compiled = engine.pool.graphs_for(1), engine.pool.compiled_for(1)
+        compile_s = engine.pool.compile_s.get((engine.pool.capacity_for(prompt + gen), 1))
+        return EngineRun(
+            samples,
+            _engine_method(graphs, compiled),
+            engine.kernel_variants,
+            "compiled" if compiled else "eager",
+            compile_s if compiled else None,
+        )
     finally:
         engine.close()
 
@@ -187,11 +197,10 @@ def ratios(engine: dict[str, list[float]], llama: dict[str, list[float]]) -> dic
     }
 
 
-def _engine_method(graphs: bool) -> str:
-    step = "one CUDA-graph replay per token" if graphs else "eager static-buffer decode_step"
+def _engine_method(graphs: bool, compiled: bool) -> str:
     return (
-        f"engine.runtime.Engine (chunked prefill, {step}, prefix cache off), greedy, timed per token on the "
-        "host (runners.decode.measure)"
+        f"engine.runtime.Engine (chunked prefill, {step_method(graphs, compiled)}, prefix cache off), greedy, "
+        "timed per token on the host (runners.decode.measure)"
     )
 
 
@@ -252,13 +261,7 @@ def _llama_notes(gguf_type: str, kind: str, dtype: str) -> str:
 )
 @click.option("--gen", type=click.IntRange(2), default=32, show_default=True, help="Generated tokens timed.")
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
-@click.option(
-    "--threads",
-    type=click.IntRange(1),
-    default=1,
-    show_default=True,
-    help="CPU threads for both engines (llama.cpp -t, torch.set_num_threads).",
-)
+@threads_option("both engines (llama.cpp -t and torch.set_num_threads)")
 @click.option(
     "--types", default=",".join(GGUF_TYPES), show_default=True, help="GGUF types to run, comma-separated."
 )
@@ -290,7 +293,7 @@ def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device
         )
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = dtype or default_dtype_name(device)
-    torch.set_num_threads(threads)
+    threads = apply_threads(threads)
     tools = ensure_tools()
     gpu_layers = 999 if tools.cuda else 0
     models = prepare_models(synthetic, seed, models_dir)
@@ -321,6 +324,7 @@ def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device
                     "engine": run.method, "dtype": dtype, "device": device, "weights_format": kind,
                     "quant": None if kind == "dense" else INT4.to_json(),
                     "kernel_variants": run.kernel_variants, "counterpart_gguf_type": gguf_type,
+                    "decode_step": run.decode_step, "compile_s": run.compile_s,
                 }  # fmt: skip
                 receipt = {
                     "name": name,

@@ -19,6 +19,7 @@ from engine.runtime import Engine
 from harness.receipt import RESULTS_DIR, write_receipt
 from runners.decode import DTYPES, default_dtype_name
 from runners.regenerate import regenerate
+from runners.threads import apply_threads, threads_option
 
 COMPONENTS = ("kda_attention", "mla_attention", "moe_router", "moe_experts", "shared_expert", "dense_mlp",
               "lm_head", "other")  # fmt: skip
@@ -110,9 +111,7 @@ def profile_steps(engine: Engine, context: int, steps: int, seed: int) -> dict[s
 )
 @click.option("--context", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--steps", type=click.IntRange(1), default=16, show_default=True, help="Profiled decode steps.")
-@click.option(
-    "--threads", type=click.IntRange(1), default=1, show_default=True, help="CPU threads for torch."
-)
+@threads_option("torch")
 @click.option("--seed", default=0, show_default=True)
 @click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
 @click.option("--no-regenerate", is_flag=True, help="Write the receipt only; skip RESULTS.md and figures.")
@@ -123,8 +122,7 @@ def profile_command(synthetic, device, dtype, quant, context, steps, threads, se
     synthetic = synthetic or ("full" if on_gpu else "small")
     dtype = dtype or default_dtype_name(device)
     quant = quant if quant is not None else ("default" if on_gpu else None)
-    if not on_gpu:
-        torch.set_num_threads(threads)
+    threads = apply_threads(threads)
     click.echo(
         f"building synthetic '{synthetic}' ({dtype}, quant {quant or 'none'}) on {device} ...", err=True
     )
@@ -138,7 +136,7 @@ def profile_command(synthetic, device, dtype, quant, context, steps, threads, se
         "profile",
         f"synthetic-{synthetic}.{dtype}{'.plan-' + quant if quant else ''}.ctx{context}",
         config={"model": f"synthetic-{synthetic}", "weights": "synthetic weights", "dtype": dtype,
-                "quant": quant, "device": device, "threads": torch.get_num_threads(), "context": context,
+                "quant": quant, "device": device, "threads": threads, "context": context,
                 "steps": steps, "seed": seed, "method": "eager decode_step with timing hooks per component"},
         samples=samples,
         units=dict.fromkeys(samples, "ms/step"),

@@ -3,6 +3,8 @@
 - GPU-only tests (marked `gpu`) skip cleanly on a machine without CUDA.
 - Without CUDA, Triton kernels run in the interpreter. TRITON_INTERPRET must be set before triton is
   first imported anywhere, so it is set here, before any test module is collected.
+- The eager decode step (KIMI_DECODE_STEP=eager, inherited by servers the tests start): compiling takes
+  tens of seconds per cache size; tests/runtime/test_runtime_compiled.py asks for the compiled step.
 - One torch thread: the tests' tiny shapes are dominated by per-op overhead, which a second thread only
   makes worse on a small shared machine (a 70-token tiny forward: 0.02 s with one thread, over a second
   with two under load).
@@ -19,6 +21,7 @@ from k3.testing.fake_upstream import FakeUpstream, serve_in_thread
 HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("KIMI_DECODE_STEP", "eager")
 torch.set_num_threads(1)
 
 

@@ -1,7 +1,9 @@
-"""Triton route-weighted combine: ``out[b, n] = sum_s weights[b, s] * y[b, s, n]`` in FP32."""
+"""Triton route-weighted combine: ``out[b, n] = sum_s weights[b, s] * y[b, s, n]`` in FP32, launched
+through the torch custom op ``kimi::route_combine`` (opaque to ``torch.compile``, see triton_gemv.py)."""
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -22,8 +24,17 @@ def _combine_kernel(y_ptr, w_ptr, out_ptr, S, N, BLOCK_N: tl.constexpr):
     tl.store(out_ptr + b * N + rn, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@torch.library.custom_op("kimi::route_combine", mutates_args=("out",))
+def _route_combine_op(y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, block_n: int) -> None:
+    batch, slots, n = y.shape
+    _combine_kernel[(triton.cdiv(n, block_n), batch)](y, weights, out, slots, n, BLOCK_N=block_n, num_warps=4)
+
+
+_route_combine_op.register_fake(lambda *args: None)
+
+
 def route_combine(y, weights, *, out=None, out_dtype=None, block_n: int = 256):
     batch, slots, n = combine_shape(y, weights)
     out = output(out, (batch, n), out_dtype or y.dtype, y.device)
-    _combine_kernel[(triton.cdiv(n, block_n), batch)](y, weights, out, slots, n, BLOCK_N=block_n, num_warps=4)
+    torch.ops.kimi.route_combine(y, weights, out, block_n)
     return out

@@ -14,6 +14,11 @@ the float ``2^23 + (code + 8) * 16^p`` exactly, one subtraction leaves ``code * 
 is folded into the activation (a power of two, so exact). Group scales multiply once per word. Compiled
 for sm_90 the INT4 main loop is about 10.6 instructions per weight byte (``python -m engine.kernels.aot``).
 
+Every public function launches through a torch custom op (``torch.ops.kimi.*``, registered with a fake
+that only declares the in-place write of ``out``), so ``torch.compile`` keeps the kernels in its graph as
+opaque calls instead of breaking the graph at a Triton launch. An explicit ``config`` (launch sweeps,
+engine/kernels/aot.py) launches directly.
+
 Interpreter-safe (``TRITON_INTERPRET=1``): no ``tl.dot``, no block pointers, no inline asm, no autotune,
 every tile dimension a power of two >= 16.
 """
@@ -27,7 +32,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from engine.kernels.signatures import gemv_shape, grouped_shape, output
+from engine.kernels.signatures import GemvShape, gemv_shape, grouped_shape, output
 from engine.kernels.workspace import scratch
 
 FMT_INT4, FMT_INT8, FMT_DENSE = 0, 1, 2
@@ -344,15 +349,80 @@ def _finish(target: torch.Tensor, out: torch.Tensor, split_k: int) -> torch.Tens
     return out
 
 
+def _gemv_into(fmt, x, data, scales, group, out, config: LaunchConfig | None) -> None:
+    shape = GemvShape(x.shape[0], data.shape[0], x.shape[1])
+    cfg = config or launch_config(fmt, shape.batch, shape.n, shape.k, x.device)
+    target = out if cfg.split_k == 1 else scratch((cfg.split_k, shape.batch, shape.n), x.device)
+    _launch(fmt, x, data, scales, None, target, shape.batch, 1, shape.n, shape.k, x.stride(0), 0, group, cfg)
+    _finish(target, out, cfg.split_k)
+
+
+def _grouped_gemv_into(x, codes, scales, route_ids, group_size, out, config: LaunchConfig | None) -> None:
+    shape = grouped_shape(x, codes, scales, route_ids, group_size)
+    rows = shape.batch * shape.slots
+    cfg = config or launch_config("int4", rows, shape.n, shape.k, x.device)
+    target = out if cfg.split_k == 1 else scratch((cfg.split_k, rows, shape.n), x.device)
+    stride_xs = shape.k if shape.per_slot_input else 0
+    stride_xb = shape.slots * shape.k if shape.per_slot_input else shape.k
+    _launch(
+        "int4", x, codes, scales, route_ids, target, rows, shape.slots, shape.n, shape.k, stride_xb, stride_xs,
+        group_size, cfg,
+    )  # fmt: skip
+    _finish(target, out, cfg.split_k)
+
+
+def _grouped_swiglu_into(
+    x, gate_codes, gate_scales, up_codes, up_scales, route_ids, group_size, out, config: LaunchConfig | None
+) -> None:
+    shape = grouped_shape(x, gate_codes, gate_scales, route_ids, group_size)
+    rows = shape.batch * shape.slots
+    # Two accumulators: half the rows per program of the plain GEMV; no split-K (SiLU needs whole sums).
+    cfg = config or launch_config("int4", rows, shape.n, shape.k, x.device, split=False, block_n=32)
+    gate_words, up_words = _words("int4", gate_codes), _words("int4", up_codes)
+    grid = (rows, triton.cdiv(shape.n, cfg.block_n))
+    _grouped_swiglu_kernel[grid](
+        x, gate_words, gate_scales, up_words, up_scales, route_ids, out, shape.n, shape.k // 8, shape.slots, shape.k,
+        gate_words.stride(0), gate_scales.stride(0), gate_words.stride(1), gate_scales.stride(1),
+        triton.cdiv(shape.k, cfg.block_k), _MAGIC,
+        GROUP=group_size, BLOCK_N=cfg.block_n, WORDS=cfg.block_k // 8,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+
+
+# The custom ops: checked, allocated arguments in, `out` written in place. group_size 0 means "none".
+@torch.library.custom_op("kimi::gemv", mutates_args=("out",))
+def _gemv_op(fmt: str, x: torch.Tensor, data: torch.Tensor, scales: torch.Tensor | None, group_size: int,
+             out: torch.Tensor) -> None:  # fmt: skip
+    _gemv_into(fmt, x, data, scales, group_size or None, out, None)
+
+
+@torch.library.custom_op("kimi::grouped_gemv", mutates_args=("out",))
+def _grouped_gemv_op(x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, route_ids: torch.Tensor,
+                     group_size: int, out: torch.Tensor) -> None:  # fmt: skip
+    _grouped_gemv_into(x, codes, scales, route_ids, group_size, out, None)
+
+
+@torch.library.custom_op("kimi::grouped_swiglu", mutates_args=("out",))
+def _grouped_swiglu_op(x: torch.Tensor, gate_codes: torch.Tensor, gate_scales: torch.Tensor, up_codes: torch.Tensor,
+                       up_scales: torch.Tensor, route_ids: torch.Tensor, group_size: int,
+                       out: torch.Tensor) -> None:  # fmt: skip
+    _grouped_swiglu_into(x, gate_codes, gate_scales, up_codes, up_scales, route_ids, group_size, out, None)
+
+
+for _op in (_gemv_op, _grouped_gemv_op, _grouped_swiglu_op):
+    _op.register_fake(lambda *args: None)  # writes `out`, returns nothing: no shapes to compute
+
+
 def _gemv(fmt, x, data, scales, group, out, out_dtype, config: LaunchConfig | None):
     shape = gemv_shape(fmt, x, data, scales, group)
     out = output(out, (shape.batch, shape.n), out_dtype or x.dtype, x.device)
     if x.stride(1) != 1:
         x = x.contiguous()
-    cfg = config or launch_config(fmt, shape.batch, shape.n, shape.k, x.device)
-    target = out if cfg.split_k == 1 else scratch((cfg.split_k, shape.batch, shape.n), x.device)
-    _launch(fmt, x, data, scales, None, target, shape.batch, 1, shape.n, shape.k, x.stride(0), 0, group, cfg)
-    return _finish(target, out, cfg.split_k)
+    if config is None:
+        torch.ops.kimi.gemv(fmt, x, data, scales, group or 0, out)
+    else:
+        _gemv_into(fmt, x, data, scales, group, out, config)
+    return out
 
 
 def w4a16_gemv(x, codes, scales, group_size, *, out=None, out_dtype=None, config=None):
@@ -370,16 +440,11 @@ def w16a16_gemv(x, weight, *, out=None, out_dtype=None, config=None):
 def w4a16_grouped_gemv(x, codes, scales, route_ids, group_size, *, out=None, out_dtype=None, config=None):
     shape = grouped_shape(x, codes, scales, route_ids, group_size)
     out = output(out, (shape.batch, shape.slots, shape.n), out_dtype or x.dtype, x.device)
-    rows = shape.batch * shape.slots
-    cfg = config or launch_config("int4", rows, shape.n, shape.k, x.device)
-    target = out if cfg.split_k == 1 else scratch((cfg.split_k, rows, shape.n), x.device)
-    stride_xs = shape.k if shape.per_slot_input else 0
-    stride_xb = shape.slots * shape.k if shape.per_slot_input else shape.k
-    _launch(
-        "int4", x, codes, scales, route_ids, target, rows, shape.slots, shape.n, shape.k, stride_xb, stride_xs,
-        group_size, cfg,
-    )  # fmt: skip
-    return _finish(target, out, cfg.split_k)
+    if config is None:
+        torch.ops.kimi.grouped_gemv(x, codes, scales, route_ids, group_size, out)
+    else:
+        _grouped_gemv_into(x, codes, scales, route_ids, group_size, out, config)
+    return out
 
 
 def w4a16_grouped_swiglu(
@@ -391,18 +456,11 @@ def w4a16_grouped_swiglu(
     if shape.per_slot_input:
         raise ValueError("the gate/up projection takes x as [B, K]")
     out = output(out, (shape.batch, shape.slots, shape.n), x.dtype, x.device)
-    rows = shape.batch * shape.slots
-    # Two accumulators: half the rows per program of the plain GEMV; no split-K (SiLU needs whole sums).
-    cfg = config or launch_config("int4", rows, shape.n, shape.k, x.device, split=False, block_n=32)
-    gate_words, up_words = _words("int4", gate_codes), _words("int4", up_codes)
-    grid = (rows, triton.cdiv(shape.n, cfg.block_n))
-    _grouped_swiglu_kernel[grid](
-        x, gate_words, gate_scales, up_words, up_scales, route_ids, out, shape.n, shape.k // 8, shape.slots, shape.k,
-        gate_words.stride(0), gate_scales.stride(0), gate_words.stride(1), gate_scales.stride(1),
-        triton.cdiv(shape.k, cfg.block_k), _MAGIC,
-        GROUP=group_size, BLOCK_N=cfg.block_n, WORDS=cfg.block_k // 8,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+    args = (x, gate_codes, gate_scales, up_codes, up_scales, route_ids, group_size, out)
+    if config is None:
+        torch.ops.kimi.grouped_swiglu(*args)
+    else:
+        _grouped_swiglu_into(*args, config)
     return out
 
 

@@ -114,14 +114,22 @@ class KimiLinearForCausalLM(nn.Module):
     @torch.no_grad()
     def decode_step(self, token_ids: torch.Tensor, cache: SequenceCache) -> torch.Tensor:
         """token_ids [B] (one new token per sequence) -> logits [B, vocab]."""
-        x = self.model.embed_tokens(token_ids.view(-1, 1))
-        _check_batch(x, cache)
+        _check_batch(token_ids.view(-1, 1), cache)
         cache.check_room(1)
+        logits = self.decode_tensors(token_ids, cache)
+        cache.advance(1)
+        return logits
+
+    @torch.no_grad()
+    def decode_tensors(self, token_ids: torch.Tensor, cache: SequenceCache) -> torch.Tensor:
+        """The device work of `decode_step` alone (embedding -> layers -> norm -> head, then the device
+        position += 1): it never reads the host-side length, so it can be compiled or graph-captured once
+        per cache and replayed. The caller checks room first and advances the host length after."""
+        x = self.model.embed_tokens(token_ids.view(-1, 1))
         for layer, state in zip(self.model.layers, cache.layers, strict=True):
             x = layer.decode(x, state, cache)
         logits = self.lm_head(self.model.norm(x[:, 0]))
         cache.position.add_(1)
-        cache.advance(1)
         return logits
 
 

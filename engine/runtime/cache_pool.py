@@ -4,8 +4,8 @@ MLA decode attends over a cache's whole capacity, so a sequence gets a cache siz
 (powers of two from `min_tokens`, capped at the max context) and moves to a larger one when it fills
 (`engine.runtime.state.transfer`). Admission reserves the bytes of the largest cache the sequence may
 need (plus the smaller one it moves out of), so growth never fails for memory. Released caches stay
-idle, with their decode runner and CUDA graph, for the next sequence of the same size; idle caches are
-dropped (least recently used first) when a reservation needs the room.
+idle, with their decode runner (its compiled step and CUDA graph), for the next sequence of the same size;
+idle caches are dropped (least recently used first) when a reservation needs the room.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class CachePool:
         max_context: int,
         budget_bytes: int | None,
         cuda_graphs: bool,
+        compiled: bool = False,
         min_tokens: int = 256,
         max_idle: int = 8,
     ):
@@ -42,6 +43,7 @@ class CachePool:
         self.max_context = max_context
         self.budget_bytes = budget_bytes
         self.cuda_graphs = cuda_graphs
+        self.compiled = compiled
         self.min_tokens = min_tokens
         self.max_idle = max_idle
         self.graph_pool = torch.cuda.graph_pool_handle() if cuda_graphs else None
@@ -51,6 +53,8 @@ class CachePool:
         self.in_use_bytes = 0
         self.reserved_bytes = 0
         self.graphs_captured = 0
+        self.steps_compiled = 0
+        self.compile_s: dict[tuple[int, int], float] = {}  # (capacity, batch) -> its latest compile time
 
     def capacity_for(self, tokens: int) -> int:
         """The cache size for `tokens` tokens: the next power of two (at least `min_tokens`), at most the
@@ -100,9 +104,16 @@ class CachePool:
         else:
             cache = self.model.new_cache(capacity, batch_size=batch)
             runner = DecodeRunner(
-                self.model, cache, cuda_graph=self.graphs_for(batch), graph_pool=self.graph_pool
+                self.model,
+                cache,
+                cuda_graph=self.graphs_for(batch),
+                compiled=self.compiled_for(batch),
+                graph_pool=self.graph_pool,
             )
             self.graphs_captured += runner.graph is not None
+            if runner.compile_s is not None:
+                self.steps_compiled += 1
+                self.compile_s[capacity, batch] = runner.compile_s
             lease = Lease(cache, runner, self.bytes_for(capacity, batch))
         self.in_use_bytes += lease.nbytes
         return lease
@@ -110,6 +121,11 @@ class CachePool:
     def graphs_for(self, batch: int) -> bool:
         """Whether decode steps of `batch` sequences replay a CUDA graph (else they run eagerly)."""
         return self.cuda_graphs and graph_capturable(self.model, batch)
+
+    def compiled_for(self, batch: int) -> bool:
+        """Whether decode steps of `batch` sequences run compiled (else eagerly): only static, sync-free
+        steps compile in one graph."""
+        return self.compiled and graph_capturable(self.model, batch)
 
     def drop_idle(self) -> None:
         """Free every idle cache and its graph (after the model's kernels changed)."""
@@ -142,4 +158,5 @@ class CachePool:
             "budget_bytes": self.budget_bytes,
             "idle_caches": self.idle_count,
             "graphs_captured": self.graphs_captured,
+            "steps_compiled": self.steps_compiled,
         }

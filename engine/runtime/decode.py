@@ -1,10 +1,11 @@
 """One decode step for a cache, through static buffers; on a GPU, one CUDA-graph replay per token.
 
-The runner owns the input token buffer. With a graph, `decode_step` is captured once for its cache and
-every later token is a copy into that buffer plus `graph.replay()`: the step's kernels write the same
-cache buffers, read the device-side position, and leave the logits in the graph's static output. The
-host-side length is advanced here (it is not part of the graph). Without CUDA, or with graphs turned
-off, the same buffer goes through `decode_step` eagerly.
+The runner owns the input token buffer and the host bookkeeping (room check, length counter); the step
+itself is the model's `decode_tensors`, run eagerly or compiled by Inductor (engine/runtime/compiled.py,
+compiled once here, on the empty cache). With a graph, that step (eager or compiled) is captured once for
+its cache and every later token is a copy into that buffer plus `graph.replay()`: the step's kernels
+write the same cache buffers, read the device-side position, and leave the logits in the graph's static
+output. Without CUDA, or with graphs turned off, the same buffer goes through the step directly.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import torch
 from engine.model import KimiLinearForCausalLM, SequenceCache
 from engine.model.moe import ExpertBank
 from engine.quant.packed import DECODE_MAX_ROWS, PackedExpertBank
+from engine.runtime.compiled import CompiledStep
 
 _WARMUP_STEPS = 2  # lazy initialisation (cuBLAS handles, workspace) must happen outside the capture
 
 
 def graph_capturable(model: KimiLinearForCausalLM, batch: int) -> bool:
-    """Whether a decode step of `batch` sequences has static shapes, i.e. every expert bank takes a
+    """Whether a decode step of `batch` sequences has static shapes and no host reads (so it can be
+    captured in a CUDA graph, or compiled in one graph), i.e. every expert bank takes a
     sync-free path: a dense `ExpertBank` gathers experts only while batch * top_k < num_experts (beyond,
     `expert_ffn` groups by expert on the host); a `PackedExpertBank` runs its kernels up to
     `DECODE_MAX_ROWS` rows (beyond, it dequantises expert by expert, also grouped on the host)."""
@@ -39,6 +42,7 @@ class DecodeRunner:
         cache: SequenceCache,
         *,
         cuda_graph: bool,
+        compiled: bool = False,
         graph_pool: tuple | None = None,
     ):
         if cuda_graph and cache.device.type != "cuda":
@@ -46,34 +50,49 @@ class DecodeRunner:
         self.model = model
         self.cache = cache
         self.tokens = torch.zeros(cache.batch_size, dtype=torch.long, device=cache.device)
+        self.compiled = CompiledStep(model) if compiled else None
+        self._step = self.compiled or model.decode_tensors
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         if cuda_graph:
             self._capture(graph_pool)
+        elif self.compiled is not None:
+            self._warm_up(1)
+            self.cache.reset()  # zero the compiling step's writes
+
+    @property
+    def compile_s(self) -> float | None:
+        """Seconds the first (compiling) step took; None for an eager step."""
+        return None if self.compiled is None else self.compiled.compile_s
+
+    def _warm_up(self, steps: int) -> None:
+        if self.cache.length:
+            raise ValueError("warm up (compile, capture) a decode step on an empty cache")
+        for _ in range(steps):
+            self._step(self.tokens, self.cache)
 
     def _capture(self, pool: tuple | None) -> None:
         """Capture on an empty cache, then empty it again: the warm-up steps really run and write it."""
-        if self.cache.length:
-            raise ValueError("capture a decode graph on an empty cache")
         side = torch.cuda.Stream(device=self.cache.device)
         side.wait_stream(torch.cuda.current_stream(self.cache.device))
         with torch.cuda.stream(side):
-            for _ in range(_WARMUP_STEPS):
-                self.model.decode_step(self.tokens, self.cache)
+            self._warm_up(_WARMUP_STEPS)  # also compiles a compiled step, before the capture
         torch.cuda.current_stream(self.cache.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
-            self.logits = self.model.decode_step(self.tokens, self.cache)
+            self.logits = self._step(self.tokens, self.cache)
         self.graph = graph
-        self.cache.reset()  # zero the warm-ups' writes; the capture only advanced the host counter
+        self.cache.reset()  # zero the warm-ups' and the capture's writes
 
     def step(self, token_ids: torch.Tensor) -> torch.Tensor:
         """token_ids [B] -> logits [B, vocab]. With a graph the logits are its static output, overwritten
         by the next step: read (sample) them before calling again."""
+        self.cache.check_room(1)
         self.tokens.copy_(token_ids)
         if self.graph is None:
-            return self.model.decode_step(self.tokens, self.cache)
-        self.cache.check_room(1)
-        self.graph.replay()
+            logits = self._step(self.tokens, self.cache)
+        else:
+            self.graph.replay()
+            logits = self.logits
         self.cache.advance(1)
-        return self.logits
+        return logits

@@ -1,5 +1,5 @@
-"""The engine: a loaded model under a memory cap, with sized caches, chunked prefill, graph decode and a
-prefix state cache. Single-threaded; the scheduler (or a benchmark) drives it.
+"""The engine: a loaded model under a memory cap, with sized caches, chunked prefill, compiled and/or graph
+decode and a prefix state cache. Single-threaded; the scheduler (or a benchmark) drives it.
 
     engine = Engine.load(synthetic="tiny")              # or weights="ckpt/" / "artifact/", quant="default", ...
     seq = engine.prefill([ids])                                 # [B] prompts of equal length
@@ -26,6 +26,7 @@ from engine.model.dtypes import default_dtype
 from engine.model.mla import MultiheadLatentAttention
 from engine.quant import ArtifactError, kernel_variants, use_kernels
 from engine.runtime.cache_pool import CachePool, Lease
+from engine.runtime.compiled import check_step, default_step
 from engine.runtime.kda_kernels import select_kda_kernel, use_kda_kernel
 from engine.runtime.loader import ModelSource, ModelSourceError, open_model_source
 from engine.runtime.memory import (
@@ -102,6 +103,7 @@ class Engine:
         cap: MemoryCap,
         *,
         cuda_graphs: bool,
+        step: str = "eager",
         kda_kernel: str,
         prefix_cache: PrefixCache | None,
     ):
@@ -112,8 +114,13 @@ class Engine:
         self.cap = cap
         self.kda_kernel = kda_kernel
         self.prefix_cache = prefix_cache
+        self.step = step
         self.pool = CachePool(
-            model, max_context=plan.max_context, budget_bytes=plan.cache_budget_bytes, cuda_graphs=cuda_graphs
+            model,
+            max_context=plan.max_context,
+            budget_bytes=plan.cache_budget_bytes,
+            cuda_graphs=cuda_graphs,
+            compiled=step == "compiled",
         )
 
     # ------------------------------------------------------------------ loading
@@ -134,6 +141,7 @@ class Engine:
         max_context: int = 32768,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         cuda_graphs: bool = True,
+        step: str | None = None,
         kda_kernel: str = "auto",
         prefix_cache_gib: float | None = None,
         progress: bool = False,
@@ -142,12 +150,16 @@ class Engine:
 
         `weights` is a checkpoint or an INT4 artifact directory (verified first unless `verify=False`);
         `synthetic` a preset, quantised in memory by the plan `quant` when given. `kernels` (op ->
-        variant) chooses a packed model's kernels, resolved and bound once here. `device` defaults to CUDA when available; `dtype` to `engine.model.dtypes.default_dtype` (BF16 on a GPU and on CPUs with native BF16, else FP32). CUDA graphs
-        are used only on a GPU. Prefix snapshots get `prefix_cache_gib` (default 4 on a GPU, in host
+        variant) chooses a packed model's kernels, resolved and bound once here. `device` defaults to CUDA
+        when available; `dtype` to `engine.model.dtypes.default_dtype` (BF16 on a GPU and on CPUs with
+        native BF16, else FP32). CUDA graphs are used only on a GPU. `step` is the decode step, "eager" or
+        "compiled" (Inductor, once per cache; engine/runtime/compiled.py), default `KIMI_DECODE_STEP` or the
+        device's shipped default. Prefix snapshots get `prefix_cache_gib` (default 4 on a GPU, in host
         memory outside the cap; 1 on the CPU, inside it; 0 turns the prefix cache off).
         """
         source = open_model_source(weights=weights, synthetic=synthetic, seed=seed, quant=quant)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        step = check_step(step) if step is not None else default_step(device.type)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         dtype = dtype or default_dtype(device)
@@ -193,6 +205,7 @@ class Engine:
             plan,
             cap,
             cuda_graphs=cuda_graphs and on_gpu,
+            step=step,
             kda_kernel=kernel_name,
             prefix_cache=prefix,
         )
@@ -223,6 +236,20 @@ class Engine:
         variants = use_kernels(self.model, kernels)
         self.pool.drop_idle()
         return variants
+
+    def warm_up(self, tokens: int = 2 * FIRST_CACHE_EXTRA_TOKENS, batch: int = 1) -> float | None:
+        """Build (compile, capture) the decode runner of a sequence of `tokens` tokens now, and keep it
+        idle for the first request; returns its compile seconds (None for an eager step)."""
+        capacity = self.pool.capacity_for(min(tokens, self.max_context))
+        nbytes = self.pool.bytes_for(capacity, batch)
+        if not self.pool.reserve(nbytes):
+            raise EngineBusy("no memory to warm up a decode runner")
+        try:
+            lease = self.pool.take(capacity, batch)
+            self.pool.give_back(lease)
+        finally:
+            self.pool.unreserve(nbytes)
+        return lease.runner.compile_s
 
     # ------------------------------------------------------------------ step-wise API
 
@@ -293,12 +320,16 @@ class Engine:
         if seq.last_tokens is not None:
             self._grow_if_full(seq)
             seq.logits = seq.lease.runner.step(seq.last_tokens)
-        columns = [list(col) for col in zip(*seq.generated, strict=True)] or [[] for _ in seq.prompt_ids]
-        tokens = sampler(seq.logits, columns)
+        tokens = sampler(seq.logits, self._columns(seq) if sampler.logits_processor is not None else [])
         seq.last_tokens = tokens
         ids = tokens.tolist()
         seq.generated.append(ids)
         return ids
+
+    @staticmethod
+    def _columns(seq: Sequence) -> list[list[int]]:
+        """Each prompt's generated tokens (rebuilt per token: only for a logits processor, which needs them)."""
+        return [list(col) for col in zip(*seq.generated, strict=True)] or [[] for _ in seq.prompt_ids]
 
     def release(self, seq: Sequence) -> None:
         """Give the sequence's cache back and drop its reservation (at once: used on cancellation too)."""
@@ -358,6 +389,7 @@ class Engine:
             "cache_budget_gib": gib(pool["budget_bytes"]),
             "cache_bytes_per_token": self.plan.cache_bytes_per_token,
             "graphs_captured": pool["graphs_captured"],
+            "steps_compiled": pool["steps_compiled"],
             "peak_gib": cap.get("peak_allocated_gib", cap["peak_rss_gib"]),
             "cap": cap,
             "plan": self.plan.as_dict(),

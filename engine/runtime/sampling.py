@@ -22,7 +22,8 @@ class Sampler:
             self.generator = torch.Generator(device=device).manual_seed(params.seed)
 
     def __call__(self, logits: torch.Tensor, generated: list[list[int]]) -> torch.Tensor:
-        """logits [B, vocab] (left untouched) and each row's tokens so far -> next token ids [B]."""
+        """logits [B, vocab] (left untouched) and each row's tokens so far (read only by a logits
+        processor; without one, pass []) -> next token ids [B]."""
         if self.logits_processor is not None:
             logits = torch.stack(
                 [self.logits_processor(g, row) for g, row in zip(generated, logits, strict=True)]

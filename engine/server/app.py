@@ -339,6 +339,7 @@ async def health(request: Request) -> Response:
             "kernel_variants": engine.kernel_variants,
             "kda_prefill_kernel": engine.kda_kernel,
             "cuda_graphs": engine.pool.cuda_graphs,
+            "decode_step": engine.step,
             "scripted_replies": ctx.scripted is not None,
             "scheduler": ctx.scheduler.stats(),
             "memory": engine.memory_report(),

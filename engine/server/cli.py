@@ -12,6 +12,7 @@ import click
 from engine.kernels import DEFAULT_SELECTION
 from engine.model.presets import PRESETS
 from engine.quant.plan import PLANS
+from engine.runtime.compiled import step_option
 from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
 from engine.runtime.kda_kernels import KDA_KERNELS
 
@@ -108,6 +109,7 @@ DEFAULT_GPU_CAP_GIB = 32.0
     show_default=True,
     help="Replay decode steps as CUDA graphs (GPU only).",
 )
+@step_option
 @click.option(
     "--kda-kernel",
     type=click.Choice(KDA_KERNELS),
@@ -164,6 +166,7 @@ def serve_command(
     max_queue: int,
     prefix_cache_gib: float | None,
     cuda_graphs: bool,
+    step: str | None,
     kda_kernel: str,
     host: str,
     port: int,
@@ -184,6 +187,7 @@ def serve_command(
 
     from engine.kernels import KernelSelectionError, named_choices
     from engine.runtime import LOAD_ERRORS, Engine, Scheduler
+    from engine.runtime.compiled import inductor_cache_dir
     from engine.server.app import ServerContext, create_app
     from engine.server.chat_template import SYNTHETIC_CHAT_TEMPLATE, ChatTemplate
     from engine.server.scripted import ScriptedReplies, ScriptError
@@ -219,6 +223,7 @@ def serve_command(
             max_context=max_context,
             prefill_chunk=prefill_chunk,
             cuda_graphs=cuda_graphs,
+            step=step,
             kda_kernel=kda_kernel,
             prefix_cache_gib=prefix_cache_gib,
             progress=True,
@@ -252,6 +257,12 @@ def serve_command(
     except OSError as e:
         raise click.ClickException(f"cannot bind {host}:{port}: {e}") from None
     _print_start_up(engine, scripted is not None)
+    if engine.step == "compiled":
+        click.echo(f"compiling the decode step (Inductor cache: {inductor_cache_dir()}) ...")
+        sys.stdout.flush()
+        compile_s = engine.warm_up()
+        if compile_s is not None:
+            click.echo(f"compiled the decode step in {compile_s:.1f} s")
     shown_host = f"[{host}]" if ":" in host else host
     click.echo(
         f"kimi-engine listening on http://{shown_host}:{sock.getsockname()[1]}  (OpenAI API under /v1)"
@@ -286,7 +297,7 @@ def _print_start_up(engine, scripted: bool) -> None:
     )
     click.echo(
         f"device {engine.device}, {str(engine.model.dtype).removeprefix('torch.')}, KDA prefill kernel "
-        f"{engine.kda_kernel}, CUDA graphs {'on' if engine.pool.cuda_graphs else 'off'}"
+        f"{engine.kda_kernel}, CUDA graphs {'on' if engine.pool.cuda_graphs else 'off'}, decode step {engine.step}"
     )
     variants = engine.kernel_variants
     kernels = (

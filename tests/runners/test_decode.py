@@ -59,7 +59,7 @@ def test_decode_runner_writes_one_valid_receipt_per_context(tmp_path):
     result = CliRunner().invoke(
         main,
         ["decode", "--synthetic", "tiny", "--contexts", "5,9", "--gen-tokens", "3", "--repeats", "2",
-         "--results", str(tmp_path), "--no-regenerate"],
+         "--threads", "1", "--results", str(tmp_path), "--no-regenerate"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     receipts = [load_receipt(p) for p in receipt_paths(tmp_path)]
@@ -71,6 +71,9 @@ def test_decode_runner_writes_one_valid_receipt_per_context(tmp_path):
         assert r["memory_cap"]["cap_gib"] == 16.0 and r["memory_cap"]["peak_rss_gib"] > 0
         assert r["config"]["cuda_graphs"] is False and "Engine" in r["config"]["decode"]
         assert r["config"]["kernel_variants"] == {} and r["config"]["quant"] == "none"
+        assert r["config"]["decode_step"] == "eager" and r["config"]["compile_s"] is None  # KIMI_DECODE_STEP
+        assert r["config"]["threads"] == 1
+        assert len(r["samples"]["raw_decode_tok_s"]) == 2 and r["derived"]["engine_over_raw_decode"] > 0
 
 
 def test_measure_times_every_token_through_the_runtimes_decode_runner(monkeypatch):

@@ -1,0 +1,101 @@
+"""The decode step compiled with Inductor: the tensor work of one token, compiled once per cache.
+
+`KimiLinearForCausalLM.decode_tensors` is the pure device work of a step (embedding -> layers -> norm ->
+head, then the device position += 1); the host bookkeeping (room check, length counter) stays outside, in
+`engine.runtime.decode.DecodeRunner`. The step reads its position from the device tensor, never the host
+length, so dynamo has nothing per token to guard on: one compilation serves a whole generation.
+
+Each runner (one cache: batch, capacity, weight format) compiles its own copy of the step function, with
+its own code object, so its compiled code lives and dies with the runner, no runner's shapes are
+generalised into another's (`dynamic=False`), and dynamo's per-function recompile limit is never shared.
+`fullgraph=True`: a graph break is an error at the first step, not a silent half-eager step. The Triton
+kernels are torch custom ops (engine/kernels/triton_gemv.py), opaque to Inductor, so packed weights trace
+in one graph too. On a GPU the runner captures the compiled function in its CUDA graph (Inductor's own
+"reduce-overhead" graphs are not used: one graph mechanism, the runner's, for eager and compiled alike).
+
+Inductor's on-disk cache lives under the project's cache directory, so a second start is fast.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import types
+from pathlib import Path
+
+import click
+import torch
+
+from engine.model import KimiLinearForCausalLM, SequenceCache
+
+STEPS = ("eager", "compiled")
+ENV_VAR = "KIMI_DECODE_STEP"
+# Shipped defaults per device type, pinned by tests/runtime/test_runtime_compiled.py. CPU: compiled
+# measures faster (per-op overhead dominates there, and Inductor fuses the elementwise work). CUDA: the
+# eager step replayed as a CUDA graph, until the compiled one is measured on a GPU.
+DEFAULT_STEPS = {"cpu": "compiled", "cuda": "eager"}
+
+
+def default_step(device_type: str) -> str:
+    """The decode step for a device type: `KIMI_DECODE_STEP` when set, else the shipped default."""
+    chosen = os.environ.get(ENV_VAR) or DEFAULT_STEPS.get(device_type, "eager")
+    return check_step(chosen, source=ENV_VAR if os.environ.get(ENV_VAR) else "default")
+
+
+def check_step(step: str, *, source: str = "step") -> str:
+    if step not in STEPS:
+        raise ValueError(f"{source}: unknown decode step {step!r}; choose one of {', '.join(STEPS)}")
+    return step
+
+
+def step_option(command):
+    """The `--step` option of `kimi-engine serve` and the decode runner."""
+    return click.option(
+        "--step",
+        type=click.Choice(STEPS),
+        default=None,
+        help="Decode step: eager (the oracle), or compiled by Inductor once per cache size (its compile time "
+        "is printed). Default: KIMI_DECODE_STEP, else compiled on the CPU, eager on a GPU.",
+    )(command)
+
+
+def inductor_cache_dir() -> Path:
+    """`$KIMI_CACHE_DIR/inductor` (default ~/.cache/local-kimi/inductor), unless TORCHINDUCTOR_CACHE_DIR is set."""
+    if os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        return Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+    base = Path(os.environ.get("KIMI_CACHE_DIR", Path.home() / ".cache" / "local-kimi"))
+    return base / "inductor"
+
+
+# Set at import, before anything asks torch for its cache directory (which then fixes it for the process).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(inductor_cache_dir()))
+
+
+def _decode(model: KimiLinearForCausalLM, tokens: torch.Tensor, cache: SequenceCache) -> torch.Tensor:
+    return model.decode_tensors(tokens, cache)
+
+
+class CompiledStep:
+    """`model.decode_tensors(tokens, cache)` through Inductor; counts its compilations (the test hook)."""
+
+    def __init__(self, model: KimiLinearForCausalLM):
+        self.model = model
+        self.compilations = 0
+        self.compile_s: float | None = None  # wall time of the first call (trace + compile + run)
+        fresh = types.FunctionType(_decode.__code__.replace(), _decode.__globals__, "decode_step")
+        self._fn = torch.compile(fresh, backend=self._inductor, fullgraph=True, dynamic=False)
+
+    def _inductor(self, graph: torch.fx.GraphModule, example_inputs: list) -> object:
+        from torch._inductor.compile_fx import compile_fx
+
+        self.compilations += 1
+        return compile_fx(graph, example_inputs)
+
+    @torch.no_grad()
+    def __call__(self, tokens: torch.Tensor, cache: SequenceCache) -> torch.Tensor:
+        if self.compile_s is not None:
+            return self._fn(self.model, tokens, cache)
+        start = time.perf_counter()
+        logits = self._fn(self.model, tokens, cache)
+        self.compile_s = time.perf_counter() - start
+        return logits
