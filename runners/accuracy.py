@@ -20,7 +20,7 @@ import torch
 from engine.model import Checkpoint, KimiLinearForCausalLM, Tokenizer, load_model, preset, sample
 from engine.quant import PLANS, make_plan
 from engine.quant.plan import PlanError
-from harness.receipt import RESULTS_DIR, write_receipt
+from harness.receipt import write_receipt
 from runners.decode import DTYPES
 from runners.dequantized import (
     PlanApplier,
@@ -29,7 +29,7 @@ from runners.dequantized import (
     stored_bytes_by_class,
     synthetic_source,
 )
-from runners.options import positive_ints
+from runners.options import positive_ints, results_option
 from runners.quality_metrics import (
     ForcedPass,
     common_prefix,
@@ -192,8 +192,21 @@ def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype
     show_default=True,
     help="Greedy prompts: the first --prompt-len tokens of the first evaluation sequences.",
 )
-@click.option("--prompt-len", type=click.IntRange(1), default=16, show_default=True)
-@click.option("--greedy-tokens", "greedy_tokens_n", type=click.IntRange(1), default=32, show_default=True)
+@click.option(
+    "--prompt-len",
+    type=click.IntRange(1),
+    default=16,
+    show_default=True,
+    help="Prompt tokens before the greedy continuation is compared.",
+)
+@click.option(
+    "--greedy-tokens",
+    "greedy_tokens_n",
+    type=click.IntRange(1),
+    default=32,
+    show_default=True,
+    help="Greedy tokens generated per prompt, compared token for token.",
+)
 @click.option("--device", default=None, help="cpu or cuda[:N]. Default: cuda when available.")
 @click.option(
     "--dtype",
@@ -206,7 +219,7 @@ def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype
 @click.option(
     "--seed", default=0, show_default=True, help="Seed of the synthetic weights and the token sets."
 )
-@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
+@results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text, prompts, prompt_len,
                      greedy_tokens_n, device, dtype, threads, seed, results, no_regenerate) -> None:  # fmt: skip

@@ -31,9 +31,9 @@ from engine.runtime import LOAD_ERRORS, Engine
 from engine.runtime.compiled import step_option
 from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
 from harness.caps import MemoryCap
-from harness.receipt import RESULTS_DIR, write_receipt
+from harness.receipt import write_receipt
 from runners.bandwidth import copy_bandwidth_gbs
-from runners.options import positive_ints
+from runners.options import positive_ints, results_option
 from runners.regenerate import regenerate
 from runners.roofline import state_bytes_per_token, weight_bytes_per_token
 from runners.threads import apply_threads, threads_option
@@ -177,7 +177,13 @@ def step_method(graphs: bool, compiled: bool) -> str:
     default=None,
     help="Decode steps timed per repeat. Default: 32 on the CPU, 64 on a GPU.",
 )
-@click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
+@click.option(
+    "--repeats",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Timed generations per configuration (after one untimed warm-up).",
+)
 @click.option(
     "--quant",
     type=click.Choice([NO_QUANT, *PLANS]),
@@ -216,8 +222,8 @@ def step_method(graphs: bool, compiled: bool) -> str:
 )
 @step_option
 @threads_option("torch")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights and the prompts.")
+@results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tokens, repeats, quant,
                    kernel_selections, memory_cap_gib, prefill_chunk, cuda_graphs, step, threads, seed, results,

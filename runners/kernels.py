@@ -28,10 +28,11 @@ from engine.kernels.cases import CASES
 from engine.kernels.equivalence import check_all
 from engine.kernels.triton_gemv import triton_unavailable
 from engine.model import preset
-from harness.receipt import RESULTS_DIR, write_receipt
+from harness.receipt import write_receipt
 from runners import gpu_check
 from runners.bandwidth import copy_bandwidth_gbs
 from runners.decode import positive_ints
+from runners.options import results_option
 from runners.regenerate import regenerate
 from runners.threads import all_cores, apply_threads, threads_option
 
@@ -175,7 +176,7 @@ def measure_cpu(
     show_default=True,
     help="CPU: size of each copy-bandwidth buffer (three are rotated; far above the cache by default).",
 )
-@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
+@results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def kernels_command(
     preset_name, group_size, batches, ops, repeats, threads, copy_mib, device, results, no_regenerate

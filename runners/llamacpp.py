@@ -32,11 +32,12 @@ from engine.quant import build_artifact, make_plan
 from engine.runtime import Engine
 from engine.synth import write_synthetic_checkpoint
 from harness.hardware import REPO_ROOT
-from harness.receipt import RESULTS_DIR, write_receipt
+from harness.receipt import write_receipt
 from runners import gguf_requantize
 from runners.decode import DTYPES, default_dtype_name, measure, step_method
 from runners.llamacpp_server import completion_timings, running_server
 from runners.llamacpp_tools import Tools, ensure_tools
+from runners.options import results_option
 from runners.regenerate import regenerate
 from runners.threads import apply_threads, threads_option
 
@@ -260,7 +261,13 @@ def _llama_notes(gguf_type: str, kind: str, dtype: str) -> str:
     "--prompt", "prompt_len", type=click.IntRange(1), default=128, show_default=True, help="Prompt tokens."
 )
 @click.option("--gen", type=click.IntRange(2), default=32, show_default=True, help="Generated tokens timed.")
-@click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
+@click.option(
+    "--repeats",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Timed runs per engine and GGUF type.",
+)
 @threads_option("both engines (llama.cpp -t and torch.set_num_threads)")
 @click.option(
     "--types", default=",".join(GGUF_TYPES), show_default=True, help="GGUF types to run, comma-separated."
@@ -281,7 +288,7 @@ def _llama_notes(gguf_type: str, kind: str, dtype: str) -> str:
     show_default=True,
     help="Where the checkpoint and GGUF files are built and reused.",
 )
-@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
+@results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device, dtype, seed, models_dir, results,
                      no_regenerate) -> None:  # fmt: skip

@@ -32,6 +32,7 @@ import click
 
 from harness.hardware import REPO_ROOT
 from harness.receipt import RESULTS_DIR
+from runners.options import results_option
 
 BENCH_DIR = REPO_ROOT / "benchmarks"
 GATED = "k3"  # the gate's cases: k3's own code on a turn's path (names k3.turn.*, k3.deltas.*)
@@ -73,7 +74,7 @@ def run_benchmarks(
               help="Seconds pytest-benchmark spends on each case per run (more rounds: tighter medians).")  # fmt: skip
 @click.option("--min-rounds", type=click.IntRange(1), default=20, show_default=True)
 @click.option("-k", "select", default=None, help="pytest -k expression to run some cases only (e.g. k3).")
-@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
+@results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def micro_command(runs, max_time, min_rounds, select, results, no_regenerate) -> None:  # fmt: skip
     """Microbenchmarks of k3's turn steps and the engine's per-token host work, as `micro` receipts."""

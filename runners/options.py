@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
+
+from harness.receipt import RESULTS_DIR
+
+results_option = click.option(
+    "--results",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=RESULTS_DIR,
+    show_default="results/ of this checkout",
+    help="Directory the receipts are written under (SUITE/HARDWARE/...), and RESULTS.md regenerated from.",
+)
 
 
 def positive_ints(text: str) -> list[int]:

@@ -10,14 +10,14 @@ One receipt per run, one sample per step and component. Method: docs/METHODS.md.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import click
 import torch
 
 from engine.runtime import Engine
-from harness.receipt import RESULTS_DIR, write_receipt
+from harness.receipt import write_receipt
 from runners.decode import DTYPES, default_dtype_name
+from runners.options import results_option
 from runners.regenerate import regenerate
 from runners.threads import apply_threads, threads_option
 
@@ -109,11 +109,17 @@ def profile_steps(engine: Engine, context: int, steps: int, seed: int) -> dict[s
     default=None,
     help="Quantisation plan (e.g. default). Default: none on the CPU, default on a GPU.",
 )
-@click.option("--context", type=click.IntRange(1), default=256, show_default=True)
+@click.option(
+    "--context",
+    type=click.IntRange(1),
+    default=256,
+    show_default=True,
+    help="Tokens in the cache when the decode steps are profiled.",
+)
 @click.option("--steps", type=click.IntRange(1), default=16, show_default=True, help="Profiled decode steps.")
 @threads_option("torch")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
+@click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights and the prompt.")
+@results_option
 @click.option("--no-regenerate", is_flag=True, help="Write the receipt only; skip RESULTS.md and figures.")
 def profile_command(synthetic, device, dtype, quant, context, steps, threads, seed, results, no_regenerate):  # fmt: skip
     """Split of a decode step's time by model component, as a receipt (the decode time split figure)."""

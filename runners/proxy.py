@@ -31,7 +31,7 @@ from k3.bench import measure as measure_asgi
 from k3.config import Config
 from k3.testing.fake_upstream import FakeUpstream
 from runners import proxy_load
-from runners.options import chosen, positive_ints
+from runners.options import chosen, positive_ints, results_option
 from runners.outcome import report
 from runners.processes import server_process
 from runners.regenerate import regenerate
@@ -187,7 +187,13 @@ UNITS = {"direct_ms": "ms", "proxied_ms": "ms", "added_ms": "ms", "floor_ms": "m
     show_default=True,
     help="Timed requests per path and case.",
 )
-@click.option("--warmup", type=click.IntRange(0), default=30, show_default=True)
+@click.option(
+    "--warmup",
+    type=click.IntRange(0),
+    default=30,
+    show_default=True,
+    help="Untimed requests per case before the timed ones.",
+)
 @click.option(
     "--clients",
     default="1,4,8,32,64,128",
@@ -220,7 +226,7 @@ UNITS = {"direct_ms": "ms", "proxied_ms": "ms", "added_ms": "ms", "floor_ms": "m
     show_default=True,
     help="asgi (in process), sockets (k3 serve over loopback), load (the concurrency sweep).",
 )
-@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
+@results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def proxy_command(iterations, warmup, clients, load_clients, load_seconds, warm_streams, modes, results,
                   no_regenerate) -> list[Path]:  # fmt: skip

@@ -26,8 +26,9 @@ import click
 import httpx
 import orjson
 
-from harness.receipt import RESULTS_DIR, write_receipt
+from harness.receipt import write_receipt
 from k3.bench import DIALECTS, ROUTES, client_request
+from runners.options import results_option
 from runners.processes import server_process
 from runners.proxy import engine_and_k3, timed_paths
 from runners.regenerate import regenerate
@@ -132,8 +133,14 @@ def _servers(scratch: Path):
 @click.command("proxy-peers")
 @click.option("--iterations", type=click.IntRange(2), default=200, show_default=True,
               help="Timed requests per path and case.")  # fmt: skip
-@click.option("--warmup", type=click.IntRange(0), default=20, show_default=True)
-@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
+@click.option(
+    "--warmup",
+    type=click.IntRange(0),
+    default=20,
+    show_default=True,
+    help="Untimed requests per case before the timed ones.",
+)
+@results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def proxy_peers_command(iterations, warmup, results, no_regenerate) -> None:  # fmt: skip
     """k3 and LiteLLM's proxy in front of the same engine over loopback: latency each adds per turn."""
