@@ -240,11 +240,14 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
 
 
 def _measure_all(engine, label, dtype_name, selections, contexts, batches, gen_tokens, repeats, cap, seed,
-                 results) -> list[Path]:  # fmt: skip
+                 results, copy: list[float] | None = None) -> list[Path]:  # fmt: skip
+    """One receipt per (selection, context, batch); `copy`: the device's copy bandwidth samples when the
+    caller measured them already (gpu-check measures once for every receipt of its run)."""
     source, model, device = engine.source, engine.model, str(engine.device)
     plan = source.plan
-    click.echo("measuring copy bandwidth ...", err=True)
-    copy = copy_bandwidth_gbs(device)
+    if copy is None:
+        click.echo("measuring copy bandwidth ...", err=True)
+        copy = copy_bandwidth_gbs(device)
     weights = weight_bytes_per_token(model)
     runs = [(k, c, b) for k in selections for c in contexts for b in batches]
     written = []
