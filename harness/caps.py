@@ -35,6 +35,7 @@ class MemoryCap:
         self._thread: threading.Thread | None = None
         self._exceeded: str | None = None
         self._process = psutil.Process(os.getpid())
+        self._previous_fraction: tuple[int, float] | None = None  # (device index, fraction) to restore
 
     @property
     def on_gpu(self) -> bool:
@@ -59,6 +60,7 @@ class MemoryCap:
                 raise MemoryCapExceeded(
                     f"memory cap {self.cap_gib} GiB is larger than the device's {total / GIB:.1f} GiB"
                 )
+            self._previous_fraction = (index, _memory_fraction(index))
             torch.cuda.set_per_process_memory_fraction(self.cap_gib * GIB / total, index)
 
     def _watch_rss(self) -> None:
@@ -86,6 +88,12 @@ class MemoryCap:
         if self._thread:
             self._thread.join()
         self._sample_rss()
+        if self._previous_fraction is not None:  # the cap ends with the block: later work gets the old limit
+            import torch
+
+            index, fraction = self._previous_fraction
+            torch.cuda.set_per_process_memory_fraction(fraction, index)
+            self._previous_fraction = None
         if self.on_gpu and exc_type is not None and "out of memory" in str(exc).lower() and self.cap_gib:
             raise MemoryCapExceeded(f"memory cap exceeded: the allocator cap of {self.cap_gib} GiB") from exc
         if exc_type is None and self._exceeded:
@@ -126,3 +134,11 @@ def _nvml_process_gib(index: int) -> float | None:
     except Exception:  # NVML missing or restricted: the allocator figures still stand
         return None
     return None
+
+
+def _memory_fraction(index: int) -> float:
+    """The allocator's current per-process fraction (1.0 where torch cannot say: no cap)."""
+    import torch
+
+    getter = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    return float(getter(index)) if getter is not None else 1.0

@@ -16,8 +16,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-import orjson
-
+from harness import json_bytes
 from harness.hardware import REPO_ROOT, describe
 
 SCHEMA = "local-kimi.receipt/1"
@@ -82,7 +81,7 @@ def _percentile(sorted_data: list[float], q: float) -> float:
 def canonical_bytes(receipt: dict) -> bytes:
     """The bytes the hash covers: every field but `sha256`, keys sorted."""
     body = {k: v for k, v in receipt.items() if k != "sha256"}
-    return orjson.dumps(body, option=orjson.OPT_SORT_KEYS)
+    return json_bytes.dumps(body)
 
 
 def content_hash(receipt: dict) -> str:
@@ -124,7 +123,7 @@ def build_receipt(
         "notes": notes,
     }
     # Round-trip through JSON so the hash covers exactly what will be read back (tuples, numpy scalars).
-    receipt = orjson.loads(orjson.dumps(receipt, option=orjson.OPT_SERIALIZE_NUMPY))
+    receipt = json_bytes.loads(json_bytes.dumps(receipt))
     receipt["sha256"] = content_hash(receipt)
     validate(receipt, "<new receipt>")
     return receipt
@@ -140,20 +139,22 @@ def save_receipt(receipt: dict, results_dir: Path | None = None) -> Path:
     """Write a receipt from `build_receipt` at its place under `results_dir` (default: results/)."""
     path = Path(results_dir or RESULTS_DIR) / f"{receipt['id']}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(orjson.dumps(receipt, option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS) + b"\n")
+    path.write_bytes(json_bytes.dumps(receipt, indent=True) + b"\n")
     return path
 
 
 def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._@=-]+", "_", name).strip("_")[:120] or "receipt"
+    # Letters, digits, '.', '_' and '-' only: what a device transfer (and most tools) accept in a file name.
+    # Receipts written earlier with '@' or '=' in their ids still load: nothing checks an id's spelling.
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")[:120] or "receipt"
 
 
 def load_receipt(path: Path | str) -> dict:
     """Read and validate one receipt; raises ReceiptError naming the file and field on any defect."""
     path = Path(path)
     try:
-        receipt = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError) as exc:
+        receipt = json_bytes.loads(path.read_bytes())
+    except (OSError, json_bytes.DecodeError) as exc:
         raise ReceiptError(path, "<file>", f"not readable JSON ({exc})") from None
     validate(receipt, path)
     return receipt

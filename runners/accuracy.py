@@ -30,6 +30,7 @@ from runners.dequantized import (
     synthetic_source,
 )
 from runners.options import positive_ints, results_option
+from runners.outcome import report
 from runners.quality_metrics import (
     ForcedPass,
     common_prefix,
@@ -312,7 +313,6 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
                     results_dir=results,
                 )
             )
-    for path in written:
-        click.echo(f"wrote {path}")
+    report(written)
     if not no_regenerate:
         regenerate(results)

@@ -7,49 +7,48 @@ python -m runners accuracy   quantised against unquantised model (KL, top-1, per
 python -m runners kernels    every kernel variant against its reference: achieved bandwidth
 python -m runners llamacpp   our engine against llama.cpp on the same model and machine
 python -m runners micro      pytest-benchmark microbenchmarks of k3's turn steps and the engine's host work
+python -m runners gpu-check  the one prepared GPU run: kernels, copy bandwidth, decode; a tar of receipts
+
+Subcommands are imported only when run: `gpu-check` must start on the GPU image, which lacks k3's
+dependencies (starlette, uvicorn, orjson) that the proxy runners import.
 """
+
+import importlib
 
 import click
 
+# name -> "module:attribute" of its click command
+COMMANDS = {
+    "decode": "runners.decode:decode_command",
+    "proxy": "runners.proxy:proxy_command",
+    "proxy-gate": "runners.proxy:proxy_gate_command",
+    "proxy-peers": "runners.proxy_peers:proxy_peers_command",
+    "accuracy": "runners.accuracy:accuracy_command",
+    "kernels": "runners.kernels:kernels_command",
+    "llamacpp": "runners.llamacpp:llamacpp_command",
+    "profile": "runners.profile:profile_command",
+    "gpu-check": "runners.gpu_check:gpu_check_command",
+    "micro": "runners.micro:micro_command",
+    "micro-gate": "runners.micro:micro_gate_command",
+}
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+
+class LazyGroup(click.Group):
+    """A group that imports a subcommand's module only when that subcommand is looked up."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module, attribute = COMMANDS[name].split(":")
+        return getattr(importlib.import_module(module), attribute)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(
     package_name="local-kimi", prog_name="python -m runners", message="%(prog)s %(version)s"
 )
 def main() -> None:
     """Benchmark runners for local-kimi; every measurement becomes a receipt under results/."""
-
-
-from runners.decode import decode_command  # noqa: E402
-
-main.add_command(decode_command)
-
-from runners.proxy import proxy_command, proxy_gate_command  # noqa: E402
-
-main.add_command(proxy_command)
-main.add_command(proxy_gate_command)
-
-from runners.proxy_peers import proxy_peers_command  # noqa: E402
-
-main.add_command(proxy_peers_command)
-
-from runners.accuracy import accuracy_command  # noqa: E402
-
-main.add_command(accuracy_command)
-
-from runners.kernels import kernels_command  # noqa: E402
-
-main.add_command(kernels_command)
-
-from runners.llamacpp import llamacpp_command  # noqa: E402
-
-main.add_command(llamacpp_command)
-
-from runners.micro import micro_command, micro_gate_command  # noqa: E402
-
-main.add_command(micro_command)
-main.add_command(micro_gate_command)
-
-from runners.profile import profile_command  # noqa: E402
-
-main.add_command(profile_command)

@@ -34,6 +34,7 @@ from harness.caps import MemoryCap
 from harness.receipt import write_receipt
 from runners.bandwidth import copy_bandwidth_gbs
 from runners.options import positive_ints, results_option
+from runners.outcome import report
 from runners.regenerate import regenerate
 from runners.roofline import state_bytes_per_token, weight_bytes_per_token
 from runners.threads import apply_threads, threads_option
@@ -276,18 +277,20 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
                                repeats, cap, seed, threads, results)  # fmt: skip
     finally:
         engine.close()
-    for path in written:
-        click.echo(f"wrote {path}")
+    report(written)
     if not no_regenerate:
         regenerate(results)
 
 
 def _measure_all(engine, label, dtype_name, selections, contexts, batches, gen_tokens, repeats, cap, seed,
-                 threads, results) -> list[Path]:  # fmt: skip
+                 threads, results, copy: list[float] | None = None) -> list[Path]:  # fmt: skip
+    """One receipt per (selection, context, batch); `copy`: the device's copy bandwidth samples when the
+    caller measured them already (gpu-check measures once for every receipt of its run)."""
     source, model, device = engine.source, engine.model, str(engine.device)
     plan = source.plan
-    click.echo("measuring copy bandwidth ...", err=True)
-    copy = copy_bandwidth_gbs(device)
+    if copy is None:
+        click.echo("measuring copy bandwidth ...", err=True)
+        copy = copy_bandwidth_gbs(device)
     weights = weight_bytes_per_token(model)
     runs = [(k, c, b) for k in selections for c in contexts for b in batches]
     written = []

@@ -1,10 +1,12 @@
 """GPU evidence for the decode kernels: equivalence of every variant, then achieved bandwidth.
 
-On a machine with an NVIDIA GPU (no network needed)::
+`python -m runners gpu-check --out DIR` (`gpu_check_command`) is the one prepared GPU run: copy bandwidth,
+these kernel checks, decode and a long prefill, each step (runners/gpu_run.py) in its own process under its
+own timeout, receipts and log returned as one tar (docs/RUNTIME.md). The kernel part alone::
 
     python -m runners.gpu_check --out results/kernels
 
-1. Measures device-to-device copy bandwidth (``dst.copy_(src)`` on 1 GiB buffers, read + write bytes).
+1. Measures device-to-device copy bandwidth (runners/bandwidth.py: 1 GiB, do_bench, read + write bytes).
 2. Checks every non-reference variant against its reference at the edge shapes and at the full
    Kimi-Linear shapes (engine/kernels/equivalence.py: fresh inputs, poisoned outputs, dtype tolerances).
 3. Times every variant at the full shapes: a CUDA graph of R calls on R different input sets (R chosen
@@ -30,6 +32,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import click
 import torch
 
 from engine.kernels import registry
@@ -39,7 +42,7 @@ from engine.kernels.traffic import op_bytes
 from engine.kernels.triton_gemv import LaunchConfig
 from engine.model import KimiLinearConfig, preset
 
-COPY_BYTES = 2**30
+CPU_COPY_BYTES = 16 << 20  # --dry-run: the CPU sequence only has to run, not to measure
 ROTATION_MIN, ROTATION_MAX = 2, 64
 # Launch configurations timed by --sweep (batch 1 only): (variant, configs) per operation.
 _SPLITS = [LaunchConfig(block_n, 256, split) for block_n in (16, 32, 64) for split in (1, 2, 4, 8)]
@@ -154,13 +157,31 @@ def receipt_fields(
     }
 
 
-def _copy_bandwidth(device) -> tuple[float, list[float]]:
-    import triton.testing
+def measure_copy(device, *, command: list[str], out: Path) -> list[float]:
+    """The device's copy bandwidth (runners.bandwidth: the one denominator), as a receipt; its GB/s samples."""
+    from harness.receipt import write_receipt
+    from runners.bandwidth import GPU_COPY_BYTES, copy_bandwidth_gbs
 
-    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device=device).random_()
-    dst = torch.empty_like(src)
-    times = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=500, return_mode="all")
-    return 2 * COPY_BYTES / (statistics.median(times) * 1e-3) / 1e9, times
+    on_gpu = str(device).startswith("cuda")
+    size = GPU_COPY_BYTES if on_gpu else CPU_COPY_BYTES
+    samples = copy_bandwidth_gbs(str(device)) if on_gpu else copy_bandwidth_gbs("cpu", size_mib=size >> 20)
+    write_receipt(
+        "kernels",
+        f"device_copy.{size >> 20}MiB",
+        config={
+            "bytes_copied": size,
+            "counted_bytes": 2 * size,
+            "device": str(device),
+            "method": "runners.bandwidth.copy_bandwidth_gbs: dst.copy_(src)"
+            + (", do_bench" if on_gpu else ", 3 rotated buffers, perf_counter"),
+        },
+        samples={"copy_gbs": samples},
+        units={"copy_gbs": "GB/s"},
+        derived={"copy_bandwidth_gbs": statistics.median(samples)},
+        command=command,
+        results_dir=out,
+    )
+    return samples
 
 
 def _time(m: Measurement, device, l2_bytes: int) -> tuple[list[float], int]:
@@ -201,9 +222,10 @@ def run(
     references: bool = False,
     command: list[str],
     equivalence_json: Path | None = None,
+    copy_gbs: float | None = None,
 ) -> int:
-    """Copy bandwidth, equivalence at edge + full shapes, then timing; receipts under ``out``.
-    Returns 1 when an equivalence check failed, 2 without a GPU, else 0."""
+    """Copy bandwidth (unless measured already: ``copy_gbs``), equivalence at edge + full shapes, then
+    timing; receipts under ``out``. Returns 1 when an equivalence check failed, 2 without a GPU, else 0."""
     if not torch.cuda.is_available():
         print("gpu_check needs an NVIDIA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
@@ -216,22 +238,9 @@ def run(
     l2_bytes = props.L2_cache_size
     print(f"{props.name}: {props.multi_processor_count} SMs, L2 {l2_bytes / 2**20:.0f} MiB")
 
-    copy_gbs, copy_times = _copy_bandwidth(device)
-    print(f"device copy bandwidth: {copy_gbs:.1f} GB/s (median of {len(copy_times)})")
-    write_receipt(
-        "kernels",
-        f"device_copy@{COPY_BYTES >> 20}MiB",
-        config={
-            "bytes_copied": COPY_BYTES,
-            "counted_bytes": 2 * COPY_BYTES,
-            "method": "dst.copy_(src), do_bench",
-        },
-        samples={"time_ms": copy_times},
-        units={"time_ms": "ms"},
-        derived={"copy_bandwidth_gbs": copy_gbs},
-        command=command,
-        results_dir=out,
-    )
+    if copy_gbs is None:
+        copy_gbs = statistics.median(measure_copy(device, command=command, out=out))
+    print(f"device copy bandwidth: {copy_gbs:.1f} GB/s (median)")
 
     results = check_all(checks, device=device)
     for r in results:
@@ -274,6 +283,128 @@ def run(
         print(f"{len(failed)} equivalence check(s) FAILED", file=sys.stderr)
         return 1
     return 0
+
+
+STEP_TIMEOUT_S = {"copy": 60, "kernels": 150, "decode": 200, "prefill": 120}  # GPU and dry run alike
+BUDGET_S = 420  # the whole run: 7 minutes, inside the device's 10-minute command limit
+TAR_NAME, SUMMARY_NAME = "gpu-check-receipts.tar", "gpu-check-summary.txt"
+
+
+@click.command("gpu-check")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help=f"Folder for the two files that come back from the GPU machine: {TAR_NAME} (every receipt "
+    f"and the log) and {SUMMARY_NAME}. Created if missing.",
+)
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Run the same steps on the CPU at the tiny preset's shapes (Triton interpreted): tests the "
+    "sequence without a GPU; the receipts measure nothing.",
+)
+@click.option(
+    "--budget-s",
+    type=click.IntRange(30),
+    default=BUDGET_S,
+    show_default=True,
+    help="Seconds for the whole run; a step starts only with its full timeout left, else it is skipped.",
+)
+def gpu_check_command(out: Path, dry_run: bool, budget_s: int) -> None:
+    """The one prepared GPU run: copy bandwidth once (do_bench, 1 GiB, the denominator of every receipt),
+    equivalence and bandwidth of every registered kernel variant at the full Kimi-Linear shapes (batch 1
+    and 8), decode of a synthetic INT4 `full` model built in GPU memory (contexts 17 and 1024) and a
+    32k-token prefill under the 32 GiB cap when time remains. Each step runs in its own process under
+    its own timeout (a hung step is killed, the rest go on); receipts and the log come back as one tar."""
+    code = run_device_sequence(out, dry_run=dry_run, budget_s=budget_s)
+    if code:
+        raise click.ClickException(f"a step failed (see {out / SUMMARY_NAME})")
+
+
+def run_device_sequence(out: Path, *, dry_run: bool, budget_s: int = BUDGET_S) -> int:
+    """Run runners/gpu_run.py's STEPS in child processes; write the tar and the summary under ``out``.
+    Returns 1 when any step failed or was cut off, else 0."""
+    import os
+    import subprocess
+    import tarfile
+    import tempfile
+    import time
+
+    from runners.gpu_run import STEPS
+
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **({"TRITON_INTERPRET": "1"} if dry_run else {}))
+    lines = [f"gpu-check{' --dry-run' if dry_run else ''}: steps {', '.join(STEPS)}; budget {budget_s} s"]
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        work = Path(tmp)
+        log = work / "log.txt"
+        for step in STEPS:
+            left = budget_s - (time.monotonic() - started)
+            timeout = STEP_TIMEOUT_S[step]
+            if timeout > left:
+                lines.append(f"{step}: skipped ({left:.0f} s left of the budget, the step needs {timeout} s)")
+                continue
+            argv = [
+                sys.executable,
+                "-m",
+                "runners.gpu_run",
+                step,
+                str(work),
+                *(["--dry-run"] if dry_run else []),
+            ]
+            t0 = time.monotonic()
+            with log.open("a") as sink:
+                sink.write(f"==== {step}: {' '.join(argv)}\n")
+                sink.flush()
+                try:
+                    rc = subprocess.run(
+                        argv, stdout=sink, stderr=subprocess.STDOUT, env=env, timeout=timeout
+                    ).returncode
+                    verdict = "passed" if rc == 0 else f"FAILED (exit {rc})"
+                except subprocess.TimeoutExpired:
+                    rc, verdict = -1, f"TIMED OUT after {timeout} s"
+            failed |= rc != 0
+            lines.append(f"{step}: {verdict} in {time.monotonic() - t0:.0f} s")
+            print(lines[-1], file=sys.stderr)
+            if rc != 0:  # the step's own last words, so the reason shows without opening the tar
+                print("".join(log.read_text().splitlines(keepends=True)[-15:]), file=sys.stderr)
+            if step == "copy" and rc != 0:
+                lines.append("the copy bandwidth is every later step's denominator: stopping")
+                break
+        lines += _summarise(work / "results")
+        lines.append(f"total {time.monotonic() - started:.0f} s")
+        (out / SUMMARY_NAME).write_text("\n".join(lines) + "\n")
+        log.open("a").write("\n".join(lines) + "\n")
+        with tarfile.open(out / TAR_NAME, "w") as tar:
+            tar.add(log, arcname="log.txt")
+            if (work / "results").is_dir():
+                tar.add(work / "results", arcname="results")
+    print((out / SUMMARY_NAME).read_text(), end="")
+    return 1 if failed else 0
+
+
+def _summarise(results: Path) -> list[str]:
+    """One line per receipt: its name and the numbers a reader looks for first."""
+    from harness.receipt import load_receipt, receipt_paths
+
+    lines = []
+    for path in receipt_paths(results):
+        r = load_receipt(path)
+        d = r["derived"]
+        if "fraction_of_copy" in d:
+            lines.append(f"{r['name']}: {d['achieved_gbs']:.1f} GB/s, {d['fraction_of_copy']:.1%} of copy")
+        elif "fraction_of_roofline" in d:
+            s = r["summary"]
+            lines.append(
+                f"{r['name']}: decode {s['decode_tok_s']['median']:.1f} tok/s "
+                f"({d['fraction_of_roofline']:.1%} of roofline), prefill {s['prefill_tok_s']['median']:.0f} tok/s"
+            )
+        elif "copy_bandwidth_gbs" in d:
+            lines.append(f"{r['name']}: copy {d['copy_bandwidth_gbs']:.1f} GB/s")
+    return [f"{len(lines)} receipts:", *lines]
 
 
 def main(argv: list[str] | None = None) -> int:

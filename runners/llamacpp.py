@@ -38,6 +38,7 @@ from runners.decode import DTYPES, default_dtype_name, measure, step_method
 from runners.llamacpp_server import completion_timings, running_server
 from runners.llamacpp_tools import Tools, ensure_tools
 from runners.options import results_option
+from runners.outcome import report
 from runners.regenerate import regenerate
 from runners.threads import apply_threads, threads_option
 
@@ -370,7 +371,6 @@ def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device
             written.append(
                 write_receipt("llamacpp", **receipt, units=units, command=command, results_dir=results)
             )
-    for path in written:
-        click.echo(f"wrote {path}")
+    report(written)
     if not no_regenerate:
         regenerate(results)

@@ -33,6 +33,7 @@ import click
 from harness.hardware import REPO_ROOT
 from harness.receipt import RESULTS_DIR
 from runners.options import results_option
+from runners.outcome import report
 
 BENCH_DIR = REPO_ROOT / "benchmarks"
 GATED = "k3"  # the gate's cases: k3's own code on a turn's path (names k3.turn.*, k3.deltas.*)
@@ -87,8 +88,7 @@ def micro_command(runs, max_time, min_rounds, select, results, no_regenerate) ->
             written = import_benchmark(paths, results)
         except BenchmarkJSONError as exc:  # e.g. a commit made between two runs
             raise click.ClickException(str(exc)) from None
-    for path in written:
-        click.echo(f"wrote {path}")
+    report(written)
     if not no_regenerate:
         regenerate(results)
 

@@ -18,6 +18,7 @@ from engine.runtime import Engine
 from harness.receipt import write_receipt
 from runners.decode import DTYPES, default_dtype_name
 from runners.options import results_option
+from runners.outcome import report
 from runners.regenerate import regenerate
 from runners.threads import apply_threads, threads_option
 
@@ -149,6 +150,6 @@ def profile_command(synthetic, device, dtype, quant, context, steps, threads, se
         notes="synthetic weights; hooks synchronise the device, so the split matters, not the total",
         results_dir=results,
     )  # fmt: skip
-    click.echo(f"wrote {path}")
+    report([path])
     if not no_regenerate:
         regenerate(results)

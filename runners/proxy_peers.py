@@ -29,6 +29,7 @@ import orjson
 from harness.receipt import write_receipt
 from k3.bench import DIALECTS, ROUTES, client_request
 from runners.options import results_option
+from runners.outcome import report
 from runners.processes import server_process
 from runners.proxy import engine_and_k3, timed_paths
 from runners.regenerate import regenerate
@@ -167,7 +168,6 @@ def proxy_peers_command(iterations, warmup, results, no_regenerate) -> None:  # 
                     notes="k3 serve, LiteLLM's proxy and the scripted engine as separate processes on "
                           "loopback TCP; added = through the proxy − direct, per rotated iteration",
                 ))  # fmt: skip
-    for path in written:
-        click.echo(f"wrote {path}")
+    report(written)
     if not no_regenerate:
         regenerate(results)

@@ -1,139 +1,217 @@
-"""Compile every Triton kernel for a CUDA target without a GPU (Triton ships ptxas).
+"""Compile the Triton launches the engine really makes, for CUDA targets, without a GPU (Triton ships ptxas).
 
-The interpreter accepts code the compiler rejects (constexpr reassignment, bad layouts, ...); this catches
-it on a CPU-only machine and reports what each kernel costs: registers, spills, shared memory, and the
-instructions of its main loop per byte of weights. Run it where TRITON_INTERPRET is unset::
+The launches are captured, not written by hand: every Triton variant of every registered operation is
+called at the full Kimi-Linear shapes (batches 1 and 8) on ``meta`` tensors with Triton's launch
+intercepted, and Triton's own binder turns each call's arguments into the signature, constexprs and
+alignment attributes the runtime would compile (SLOTS=1 folded, strides marked multiples of 16, int64
+where the runtime passes int64). Each distinct specialisation is compiled for each target with the
+installed Triton and reported: registers, spills, shared memory, the global loads of its main loop (vector
+width of the weight loads), barriers inside a loop, and loop instructions per weight byte::
 
-    python -m engine.kernels.aot --arch 90
+    kimi-engine kernels --compile sm_90,sm_89
+
+Run it where TRITON_INTERPRET is unset. The launch configuration depends on the SM count (split-K), so
+capture uses the target's (SM_COUNTS). Uses Triton internals (``create_function_from_signature``,
+``JITFunction._pack_args``), checked with the Triton the project pins.
 """
 
 from __future__ import annotations
 
-import argparse
-import collections
 import re
 import subprocess
-import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import JITFunction, create_function_from_signature
 
-from engine.kernels import triton_combine, triton_gemv
+from engine.kernels import registry, triton_gemv
+from engine.kernels.cases import CASES
+from engine.kernels.shapes import kimi_shapes
 
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-_ALIGNED = [["tt.divisibility", 16]]
-
-_GEMV_SIGNATURE = {
-    "x_ptr": "*bf16", "w_ptr": "*i32", "s_ptr": "*bf16", "ids_ptr": "*i32", "out_ptr": "*fp32",
-    "N": "i32", "KW": "i32", "SLOTS": "i32", "stride_xb": "i32", "stride_xs": "i32", "stride_we": "i32",
-    "stride_se": "i32", "stride_wn": "i32", "stride_sn": "i32", "stride_split": "i32", "tiles_per_split": "i32",
-    "magic": "i32",
-    "FMT": "constexpr", "GROUP": "constexpr", "BLOCK_N": "constexpr", "WORDS": "constexpr", "ROUTED": "constexpr",
-}  # fmt: skip
-_SWIGLU_SIGNATURE = {
-    "x_ptr": "*bf16", "wg_ptr": "*i32", "sg_ptr": "*bf16", "wu_ptr": "*i32", "su_ptr": "*bf16", "ids_ptr": "*i32",
-    "out_ptr": "*bf16", "N": "i32", "KW": "i32", "SLOTS": "i32", "stride_xb": "i32", "stride_we": "i32",
-    "stride_se": "i32", "stride_wn": "i32", "stride_sn": "i32", "num_tiles": "i32", "magic": "i32",
-    "GROUP": "constexpr", "BLOCK_N": "constexpr", "WORDS": "constexpr",
-}  # fmt: skip
+SM_COUNTS = {90: 132, 89: 142, 80: 108}  # H100/H200, L40S, A100: what launch_config's split-K sees
+# Element bits of a weight word per kernel format (FMT 0 int4 and 1 int8 load int32 words, 2 is dense).
+_WEIGHT_BITS = {"_gemv_kernel": 32, "_grouped_swiglu_kernel": 32}
 
 
 @dataclass(frozen=True)
-class Specialisation:
-    name: str
-    kernel: object
-    signature: dict
-    constexprs: dict
-    aligned: tuple[str, ...]  # arguments Triton would specialise as multiples of 16
-    num_warps: int = 4
-    weight_bytes_per_thread_step: float | None = None  # to report loop instructions per weight byte
+class Launch:
+    op: str
+    variant: str
+    shape: str
+    kernel: JITFunction
+    args: tuple
+    kwargs: dict
 
 
-def _gemv(name: str, fmt: int, weight: str, words: int, block_n: int, routed: bool, bytes_per_word: int):
-    signature = dict(_GEMV_SIGNATURE, w_ptr=weight)
-    constexprs = {
-        "FMT": fmt,
-        "GROUP": 32 if fmt != 2 else 1,
-        "BLOCK_N": block_n,
-        "WORDS": words,
-        "ROUTED": routed,
-    }
-    aligned = (
-        "x_ptr",
-        "w_ptr",
-        "s_ptr",
-        "out_ptr",
-        "KW",
-        "stride_xb",
-        "stride_wn",
-        "stride_sn",
-        "stride_we",
-        "stride_se",
-    )
-    step = block_n * words * bytes_per_word / 128
-    return Specialisation(name, triton_gemv._gemv_kernel, signature, constexprs, aligned, 4, step)
+@contextmanager
+def _intercepted(sm_count: int):
+    """Record Triton launches instead of running them; launch_config sees ``sm_count`` SMs."""
+    recorded: list[tuple[JITFunction, tuple, dict]] = []
+    run, sm = JITFunction.run, triton_gemv._sm_count
+    JITFunction.run = lambda self, *args, grid, warmup, **kwargs: recorded.append((self, args, kwargs))
+    triton_gemv._sm_count = lambda device: sm_count
+    try:
+        yield recorded
+    finally:
+        JITFunction.run, triton_gemv._sm_count = run, sm
 
 
-SPECIALISATIONS = [
-    _gemv("w4a16_gemv", 0, "*i32", 32, 64, False, 4),
-    _gemv("w8a16_gemv", 1, "*i32", 32, 64, False, 4),
-    _gemv("w16a16_gemv", 2, "*bf16", 128, 32, False, 2),
-    _gemv("w4a16_grouped_gemv", 0, "*i32", 32, 64, True, 4),
-    Specialisation(
-        "w4a16_grouped_swiglu",
-        triton_gemv._grouped_swiglu_kernel,
-        _SWIGLU_SIGNATURE,
-        {"GROUP": 32, "BLOCK_N": 32, "WORDS": 32},
-        (
-            "x_ptr",
-            "wg_ptr",
-            "sg_ptr",
-            "wu_ptr",
-            "su_ptr",
-            "out_ptr",
-            "KW",
-            "stride_xb",
-            "stride_we",
-            "stride_se",
-        ),
-        4,
-        2 * 32 * 32 * 4 / 128,
-    ),
-    Specialisation(
-        "route_combine",
-        triton_combine._combine_kernel,
-        {
-            "y_ptr": "*bf16",
-            "w_ptr": "*fp32",
-            "out_ptr": "*bf16",
-            "S": "i32",
-            "N": "i32",
-            "BLOCK_N": "constexpr",
-        },
-        {"BLOCK_N": 256},
-        ("y_ptr", "w_ptr", "out_ptr", "N"),
-    ),
-]
+def capture(config, *, group: int = 32, batches=(1, 8), sm_count: int = 132) -> list[Launch]:
+    """Every Triton launch of every Triton variant at the model's shapes, on meta tensors."""
+    launches = []
+    for op, shapes in kimi_shapes(config, group=group, batches=batches).items():
+        for v in registry.variants(op):
+            if v.backend != "triton":
+                continue
+            for shape in shapes:
+                case = CASES[op](shape, None, "meta")
+                out = torch.empty(case.out_shape, dtype=case.out_dtype, device="meta")
+                with _intercepted(sm_count) as recorded:
+                    v.fn(*case.args, **case.kwargs, out=out)
+                launches += [Launch(op, v.name, shape["name"], k, a, kw) for k, a, kw in recorded]
+    return launches
 
 
 @dataclass(frozen=True)
 class Report:
-    name: str
+    kernel: str
+    used_by: tuple[str, ...]  # op.variant@shape of every launch with this specialisation
+    constexprs: dict
+    unaligned: tuple[str, ...]  # arguments not known to be multiples of 16 (what tells launches apart)
     registers: int | None
     spills: int | None
     shared_bytes: int
-    loop_instructions_per_byte: float | None
+    loop_loads: dict  # "ld.global.v4.b32" -> count, inside the main (longest) loop
+    weight_load_bits: int | None  # widest-element loads of the weight words in the loop: bits per load
+    loop_barriers: int
+    loop_instructions_per_weight_byte: float | None
+
+    @property
+    def defects(self) -> list[str]:
+        found = []
+        if self.spills:
+            found.append(f"{self.spills} bytes spilled")
+        if self.weight_load_bits is not None and self.weight_load_bits < 128:
+            found.append(f"weight loads of {self.weight_load_bits} bits (not 128-bit vectors)")
+        if self.loop_barriers and self.kernel in _WEIGHT_BITS:
+            found.append(f"{self.loop_barriers} barriers inside the K loop")
+        return found
 
     def describe(self) -> str:
-        per_byte = f"{self.loop_instructions_per_byte:.1f}" if self.loop_instructions_per_byte else "-"
+        per_byte = self.loop_instructions_per_weight_byte
+        loads = ", ".join(f"{n}x {k}" for k, n in sorted(self.loop_loads.items())) or "-"
         return (
-            f"{self.name:<22} registers {self.registers}  spills {self.spills}  shared {self.shared_bytes} B  "
-            f"loop instructions / weight byte {per_byte}"
+            f"{self.kernel} {self.constexprs} not 16-aligned: {', '.join(self.unaligned) or '-'}\n"
+            f"  registers {self.registers}  spills {self.spills}  shared {self.shared_bytes} B  "
+            f"weight loads {self.weight_load_bits or '-'} bit  barriers in loop {self.loop_barriers}  "
+            f"loop instructions / weight byte {f'{per_byte:.1f}' if per_byte else '-'}\n"
+            f"  loop loads: {loads}\n"
+            f"  used by {len(self.used_by)} launches, e.g. {', '.join(self.used_by[:3])}"
+            + (f"\n  DEFECTS: {'; '.join(self.defects)}" if self.defects else "")
         )
+
+
+def compile_launches(launches: list[Launch], arch: int) -> list[Report]:
+    """Compile each distinct specialisation of ``launches`` for sm_``arch``; one report each."""
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    groups: dict[tuple, list] = {}
+    for launch in launches:
+        binder = create_function_from_signature(launch.kernel.signature, launch.kernel.params, backend)
+        bound, specialization, options = binder(*launch.args, **launch.kwargs)
+        opts, signature, constexprs, attrs = launch.kernel._pack_args(
+            backend, launch.kwargs, bound, specialization, options
+        )
+        key = (launch.kernel.fn.__name__, repr(signature), repr(constexprs), repr(attrs), repr(opts))
+        entry = groups.setdefault(key, [launch.kernel, signature, constexprs, attrs, opts, []])
+        entry[5].append(f"{launch.op}.{launch.variant}@{launch.shape}")
+    reports = []
+    for (name, *_), (kernel, signature, constexprs, attrs, opts, used_by) in groups.items():
+        compiled = triton.compile(
+            ASTSource(kernel, signature, constexprs, attrs), target=target, options=opts.__dict__
+        )
+        names = list(signature)
+        named = {names[path[0]]: value for path, value in constexprs.items() if len(path) == 1}
+        unaligned = tuple(names[p[0]] for p, a in attrs.items() if not a and names[p[0]] not in named)
+        loads, barriers = loop_facts(compiled.asm["ptx"])
+        weight_bits = _weight_load_bits(loads, _WEIGHT_BITS.get(name))
+        step_bytes = _weight_bytes_per_thread_step(name, named, opts.num_warps)
+        registers, spills, per_byte = _cubin_facts(compiled.asm["cubin"], step_bytes)
+        reports.append(
+            Report(
+                kernel=name,
+                used_by=tuple(used_by),
+                constexprs=named,
+                unaligned=unaligned,
+                registers=registers,
+                spills=spills,
+                shared_bytes=compiled.metadata.shared,
+                loop_loads=loads,
+                weight_load_bits=weight_bits,
+                loop_barriers=barriers,
+                loop_instructions_per_weight_byte=per_byte,
+            )  # fmt: skip
+        )
+    return reports
+
+
+_LABEL = re.compile(r"^(\$L__\w+):")
+_BRANCH = re.compile(r"\bbra(?:\.uni)?\s+(\$L__\w+);")
+_LOAD = re.compile(r"\b(ld\.global(?:\.[A-Za-z0-9_:]+)*)\s")
+_BARRIER = re.compile(r"\b(?:bar\.sync|barrier\.sync|bar\.arrive|barrier\.arrive)\b")
+
+
+def loop_facts(ptx: str) -> tuple[dict[str, int], int]:
+    """Global loads (by PTX form, cache hints dropped) and barriers inside the longest loop of ``ptx``:
+    the span from a label to the last branch back to it."""
+    lines = ptx.splitlines()
+    labels = {m[1]: i for i, line in enumerate(lines) if (m := _LABEL.match(line.strip()))}
+    loop = None
+    for i, line in enumerate(lines):
+        m = _BRANCH.search(line)
+        if m and m[1] in labels and labels[m[1]] < i:
+            span = (labels[m[1]], i)
+            loop = span if loop is None or span[1] - span[0] > loop[1] - loop[0] else loop
+    if loop is None:
+        return {}, 0
+    body = lines[loop[0] : loop[1] + 1]
+    loads: dict[str, int] = {}
+    for line in body:
+        if m := _LOAD.search(line):
+            form = ".".join(p for p in m[1].split(".") if not p.startswith(("L1", "L2", "nc", "relaxed")))
+            loads[form] = loads.get(form, 0) + 1
+    return loads, sum(bool(_BARRIER.search(line)) for line in body)
+
+
+def _weight_load_bits(loads: dict[str, int], element_bits: int | None) -> int | None:
+    """Bits per load of the narrowest load of ``element_bits``-bit elements in the loop (the weight
+    words: x and the scales are 16-bit), or None when the kernel's weights are not told apart."""
+    if element_bits is None:
+        return None
+    widths = []
+    for form in loads:
+        parts = form.split(".")
+        bits = next((int(p[1:]) for p in parts if re.fullmatch(r"[bsuf]\d+", p)), None)
+        if bits == element_bits:
+            vector = next((int(p[1:]) for p in parts if re.fullmatch(r"v\d", p)), 1)
+            widths.append(vector * bits)
+    return min(widths, default=None)
+
+
+def _weight_bytes_per_thread_step(name: str, constexprs: dict, num_warps: int) -> float | None:
+    """Weight bytes one thread reads per K-loop iteration (for instructions per weight byte)."""
+    if "BLOCK_N" not in constexprs or "WORDS" not in constexprs:
+        return None
+    word = 2 if constexprs.get("FMT") == 2 else 4
+    banks = 2 if name == "_grouped_swiglu_kernel" else 1
+    return banks * constexprs["BLOCK_N"] * constexprs["WORDS"] * word / (32 * num_warps)
 
 
 def _cubin_facts(cubin: bytes, bytes_per_step: float | None) -> tuple[int | None, int | None, float | None]:
@@ -165,45 +243,22 @@ def _cubin_facts(cubin: bytes, bytes_per_step: float | None) -> tuple[int | None
     )
 
 
-def compile_all(arch: int = 90) -> list[Report]:
-    target = GPUTarget("cuda", arch, 32)
-    reports = []
-    for spec in SPECIALISATIONS:
-        names = list(spec.signature)
-        attrs = {(names.index(a),): _ALIGNED for a in spec.aligned}
-        source = ASTSource(spec.kernel, spec.signature, constexprs=spec.constexprs, attrs=attrs)
-        kernel = triton.compile(source, target=target, options={"num_warps": spec.num_warps, "num_stages": 3})
-        registers, spills, per_byte = _cubin_facts(kernel.asm["cubin"], spec.weight_bytes_per_thread_step)
-        reports.append(Report(spec.name, registers, spills, kernel.metadata.shared, per_byte))
-    return reports
+def parse_targets(text: str) -> list[int]:
+    """``sm_90,sm_89`` (or ``90,89``) -> [90, 89]."""
+    archs = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        digits = item.removeprefix("sm_")
+        if not digits.isdigit():
+            raise ValueError(f"{item!r} is not a CUDA target like sm_90")
+        archs.append(int(digits))
+    if not archs:
+        raise ValueError("no CUDA target given (e.g. sm_90,sm_89)")
+    return archs
 
 
-def opcode_histogram(cubin: bytes) -> collections.Counter:
-    """SASS opcode counts of a compiled kernel (for hand-tuning)."""
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(cubin)
-        f.flush()
-        sass = subprocess.run([_BIN / "cuobjdump", "-sass", f.name], capture_output=True, text=True).stdout
-    return collections.Counter(
-        op.split(".")[0] for op in re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass)
-    )
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument(
-        "--arch", type=int, default=90, help="compute capability x10 (80 A100, 89 L40S, 90 H100/H200)"
-    )
-    args = parser.parse_args(argv)
-    if triton_gemv.INTERPRETED:
-        print("TRITON_INTERPRET is set: kernels are interpreted, nothing to compile", file=sys.stderr)
-        return 2
-    for report in compile_all(args.arch):
-        print(report.describe())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def compile_for(config, arch: int, *, group: int = 32, batches=(1, 8)) -> list[Report]:
+    """The engine's launches at ``config``'s shapes, captured with sm_``arch``'s SM count, compiled."""
+    if triton_gemv.KERNELS_INTERPRETED:
+        raise RuntimeError("TRITON_INTERPRET is set: the kernels are interpreted, nothing to compile")
+    launches = capture(config, group=group, batches=batches, sm_count=SM_COUNTS.get(arch, 132))
+    return compile_launches(launches, arch)

@@ -15,12 +15,24 @@ import click
     show_default=True,
     help="Device to resolve the selection for (auto: cuda when available).",
 )
-def kernels(device: str) -> None:
+@click.option(
+    "--compile",
+    "targets",
+    metavar="sm_90,sm_89",
+    default=None,
+    help="Instead of listing: compile the Triton launches the engine makes at the full Kimi-Linear shapes "
+    "(batches 1 and 8) for these CUDA targets with the installed Triton (no GPU needed) and report "
+    "registers, spills, shared memory, weight-load width and barriers in the K loop; exits 1 on a defect.",
+)
+def kernels(device: str, targets: str | None) -> None:
     """List kernel operations, their variants, the shipped defaults and the variant selected now.
 
     Selection order: explicit argument (code), then KIMI_KERNELS=op=variant,..., then the shipped
     default for the device. A variant that cannot run on the device is reported with the reason.
     """
+    if targets is not None:
+        _compile(targets)
+        return
     from engine.kernels import defaults, registry
 
     dev = registry.device_type(None if device == "auto" else device)
@@ -50,4 +62,27 @@ def kernels(device: str) -> None:
             problems += 1
             click.echo(f"  -> NOT RUNNABLE on {dev}: {error}")
     if problems:
+        raise SystemExit(1)
+
+
+def _compile(targets: str) -> None:
+    from engine.kernels import aot
+    from engine.model import preset
+
+    try:
+        archs = aot.parse_targets(targets)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--compile") from None
+    defects = 0
+    for arch in archs:
+        click.echo(f"== sm_{arch} (Triton {aot.triton.__version__})")
+        try:
+            reports = aot.compile_for(preset("full"), arch)
+        except RuntimeError as error:
+            raise click.ClickException(str(error)) from None
+        for report in reports:
+            click.echo(report.describe())
+            defects += bool(report.defects)
+    if defects:
+        click.echo(f"{defects} compiled kernel(s) with defects (see DEFECTS above)", err=True)
         raise SystemExit(1)

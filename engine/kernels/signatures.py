@@ -44,6 +44,9 @@ def gemv_shape(
     return GemvShape(x.shape[0], data.shape[0], k)
 
 
+INT4_GROUP_MULTIPLE = 8
+
+
 def _check_weight(
     fmt: str, data: torch.Tensor, scales: torch.Tensor | None, group: int | None, k: int
 ) -> None:
@@ -59,6 +62,11 @@ def _check_weight(
         return
     _require(data.dtype == PACKED_DTYPES[fmt], f"{fmt} codes must be {PACKED_DTYPES[fmt]}, got {data.dtype}")
     _require(group is not None and group > 0 and k % group == 0, f"group size {group} must divide K={k}")
+    # The Triton INT4 kernel scales whole 32-bit words of 8 codes: a smaller group gives wrong sums.
+    _require(
+        fmt != "int4" or group % INT4_GROUP_MULTIPLE == 0,
+        f"INT4 group size {group} is not a multiple of {INT4_GROUP_MULTIPLE} (8 codes per 32-bit word)",
+    )
     _require(scales is not None and scales.dtype in SCALE_DTYPES, f"scales must be one of {SCALE_DTYPES}")
     expected = (*data.shape[:-1], k // group)
     _require(tuple(scales.shape) == expected, f"scales shape {tuple(scales.shape)}, expected {expected}")

@@ -55,3 +55,25 @@ def test_gpu_cap_records_allocator_and_nvml_figures():
     with pytest.raises(MemoryCapExceeded, match="cap of 1 GiB"):
         with MemoryCap(1, device="cuda"):
             torch.empty(2 << 30, dtype=torch.uint8, device="cuda")
+    assert torch.empty(2 << 30, dtype=torch.uint8, device="cuda").numel()  # the cap ended with its block
+
+
+def test_the_gpu_fraction_is_restored_on_exit(monkeypatch):
+    """Without a GPU: the allocator calls are recorded (a cap must not outlive its block)."""
+    import torch
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda index: None)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda index: type("P", (), {"total_memory": 8 * GIB})
+    )
+    monkeypatch.setattr(torch.cuda, "get_per_process_memory_fraction", lambda index: 0.75, raising=False)
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda f, index: calls.append((f, index))
+    )
+    cap = MemoryCap(2, device="cuda:0")
+    monkeypatch.setattr(cap, "report", lambda: {})
+    with pytest.raises(RuntimeError, match="boom"):
+        with cap:
+            raise RuntimeError("boom")
+    assert calls == [(0.25, 0), (0.75, 0)]

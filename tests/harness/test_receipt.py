@@ -91,3 +91,51 @@ def test_unreadable_file_is_named(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ReceiptError, match="broken.json"):
         load_receipt(bad)
+
+
+# Values where the standard library's spelling differs from orjson's unless the fallback corrects it.
+AWKWARD = [1e-5, -1.5000000000000002e-05, 1e-7, 1e-10, 5e-324, 1e16, -0.0, 0.1, 1e300, 123.456, 2**62]
+
+
+def test_stdlib_json_writes_orjson_bytes():
+    orjson = pytest.importorskip("orjson")
+    from harness import json_bytes
+
+    rng = random.Random(7)
+    floats = AWKWARD + [rng.uniform(-1, 1) * 10.0 ** rng.randint(-30, 30) for _ in range(2000)]
+    doc = {
+        "z": floats, "a": {"nested": [{}, [], None, True, False, "é \u2028 \" \\ \n \x01 \x7f 😀"]},
+        "nan": float("nan"), "inf": [float("inf"), -float("inf")], "np": np.float32(0.25), "arr": np.arange(3),
+        "tuple": (1, 2.5), "": 0,
+    }  # fmt: skip
+    for indent in (False, True):
+        option = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY | (orjson.OPT_INDENT_2 if indent else 0)
+        assert json_bytes.stdlib_dumps(doc, indent=indent) == orjson.dumps(doc, option=option)
+
+
+def test_receipts_are_identical_with_and_without_orjson(make_receipt, monkeypatch):
+    pytest.importorskip("orjson")
+    from datetime import UTC, datetime
+
+    from harness import json_bytes
+    from harness.receipt import write_receipt
+    from tests.harness.conftest import HARDWARE
+
+    fields = dict(
+        config={"seed": 0.5, "small": 1e-5, "tiny": 3e-7, "launch": (64, 256)},
+        samples={"t_ms": AWKWARD[:6] + [2.5]}, units={"t_ms": "ms"}, derived={"x": 1e-6},
+        hardware=HARDWARE, command=["test"], created=datetime(2026, 12, 1, tzinfo=UTC),
+    )  # fmt: skip
+    with_orjson = write_receipt("s", "a@b=c", results_dir=make_receipt.results / "1", **fields)
+    monkeypatch.setattr(json_bytes, "orjson", None)
+    without = write_receipt("s", "a@b=c", results_dir=make_receipt.results / "2", **fields)
+    assert with_orjson.read_bytes() == without.read_bytes()
+    assert load_receipt(without)["sha256"] == load_receipt(with_orjson)["sha256"]
+    assert with_orjson.name.endswith("-a_b_c.json")  # transfer-safe: letters, digits, '.', '_', '-'
+
+
+def test_receipts_named_with_at_and_equals_still_load(make_receipt, tmp_path):
+    old = make_receipt(name="probe")
+    legacy = old.with_name(old.name.replace("probe", "op.v@shape:B1=x"))
+    old.rename(legacy)
+    assert load_receipt(legacy)["name"] == "probe"
