@@ -69,7 +69,7 @@ class Recipe:
 
 # Per-preset defaults (the CLI's --steps/--minutes override the length).
 DEFAULT_RECIPES = {
-    "tiny": Recipe("tiny", 0, steps=400, minutes=None, batch_size=8, seq_len=128, lr=3e-3, warmup_steps=40),
+    "tiny": Recipe("tiny", 0, steps=300, minutes=None, batch_size=8, seq_len=128, lr=3e-3, warmup_steps=40),
     "small": Recipe(
         "small", 0, steps=600, minutes=None, batch_size=8, seq_len=256, lr=1.5e-3, warmup_steps=60
     ),
