@@ -120,6 +120,12 @@ def _train_into(recipe: Recipe, corpus: Corpus, tokenizer: Tokenizer, out: Path,
     "--threads", type=click.IntRange(min=1), help="CPU threads for torch (default: torch's choice)."
 )
 @click.option(
+    "--corpus",
+    "corpus_root",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Train on the .py files under this directory instead of the interpreter's standard library.",
+)
+@click.option(
     "--cache-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=CACHE_DIR,
@@ -127,7 +133,7 @@ def _train_into(recipe: Recipe, corpus: Corpus, tokenizer: Tokenizer, out: Path,
     help="Where trained checkpoints and the encoded corpus are cached, keyed by recipe.",
 )
 def train_command(
-    preset_name, steps, minutes, seed, out, batch_size, seq_len, lr, threads, cache_dir
+    preset_name, steps, minutes, seed, out, batch_size, seq_len, lr, threads, corpus_root, cache_dir
 ) -> None:
     """Train a Kimi-Linear of the given size on the Python standard library's source (next-token loss).
 
@@ -160,7 +166,7 @@ def train_command(
         )
     if out is not None and out.exists() and any(out.iterdir()):
         raise click.ClickException(f"{out} exists and is not empty; refusing to overwrite it")
-    path, cached = trained_checkpoint(recipe, cache_dir, progress=True)
+    path, cached = trained_checkpoint(recipe, cache_dir, corpus_root=corpus_root, progress=True)
     record = json.loads((path / TRAINING_RECORD).read_text())
     click.echo(
         f"{'cached' if cached else 'trained'}: {path} ({record['steps']} steps, {record['tokens']:,} tokens, "

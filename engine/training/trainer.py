@@ -71,7 +71,7 @@ class Recipe:
 DEFAULT_RECIPES = {
     "tiny": Recipe("tiny", 0, steps=300, minutes=None, batch_size=8, seq_len=128, lr=3e-3, warmup_steps=40),
     "small": Recipe(
-        "small", 0, steps=600, minutes=None, batch_size=8, seq_len=256, lr=1.5e-3, warmup_steps=60
+        "small", 0, steps=300, minutes=None, batch_size=8, seq_len=256, lr=1.5e-3, warmup_steps=30
     ),
 }
 
