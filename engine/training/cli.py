@@ -6,6 +6,7 @@ import dataclasses
 import json
 import platform
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from engine.training.corpus import Corpus, build_corpus
 from engine.training.trainer import DEFAULT_RECIPES, TRAINER_VERSION, Recipe, evaluate, train
 
 CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "training"
+LOG_EVERY = 10  # steps between progress lines when stderr is not a terminal
 HELDOUT_TEXT = "heldout.txt"  # the held-out files, concatenated: what accuracy runners evaluate on
 
 
@@ -51,6 +53,8 @@ def _train_into(recipe: Recipe, corpus: Corpus, tokenizer: Tokenizer, out: Path,
         def on_step(step: int, loss: float, elapsed: float) -> None:
             done = step if recipe.steps is not None else min(length, int(elapsed))
             bar.update(done - bar.pos, f"step {step} loss {loss:.3f}")
+            if progress and not sys.stderr.isatty() and step % LOG_EVERY == 0:  # a log file gets lines
+                click.echo(f"step {step} loss {loss:.4f} elapsed {elapsed:.0f}s", err=True)
 
         run = train(recipe, corpus, on_step=on_step)
     if progress:
