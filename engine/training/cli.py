@@ -17,6 +17,8 @@ import torch
 from engine.model.loading import INDEX_FILE, TRAINING_RECORD, parameter_for
 from engine.model.tokenizer import Tokenizer, write_byte_level_tokenizer
 from engine.progress import progress_bar
+from engine.runtime.loader import CHAT_TEMPLATE_FILE
+from engine.server.chat_template import SYNTHETIC_CHAT_TEMPLATE
 from engine.synth import write_checkpoint
 from engine.training.corpus import Corpus, build_corpus
 from engine.training.trainer import DEFAULT_RECIPES, TRAINER_VERSION, Recipe, evaluate, train
@@ -88,6 +90,8 @@ def _train_into(recipe: Recipe, corpus: Corpus, tokenizer: Tokenizer, out: Path,
         extra_files={
             TRAINING_RECORD: json.dumps(record, indent=2) + "\n",
             HELDOUT_TEXT: corpus.heldout_text,
+            # the synthetic tokenizer's template, so `kimi-engine serve --weights` serves it as chat
+            CHAT_TEMPLATE_FILE: SYNTHETIC_CHAT_TEMPLATE,
         },
         progress=progress,
     )

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from engine.cli import main
 from engine.model import Checkpoint, load_model
 from engine.model.kda import kda_chunked
+from engine.server.chat_template import SYNTHETIC_CHAT_TEMPLATE
 from engine.training.cli import HELDOUT_TEXT, trained_checkpoint
 from engine.training.corpus import corpus_files, is_heldout
 from engine.training.trainer import (
@@ -129,6 +130,7 @@ def test_training_reduces_the_loss_and_records_it(quick_run):
     assert math.isclose(record["heldout_bits_per_byte"] * math.log(2) * record["heldout_bytes"],
                         record["heldout_nll_nats"] * record["heldout_tokens"], rel_tol=1e-9)  # fmt: skip
     assert (path / HELDOUT_TEXT).read_text().startswith("def f0(x)")
+    assert (path / "chat_template.jinja").read_text() == SYNTHETIC_CHAT_TEMPLATE
 
 
 def test_trained_checkpoint_loads_in_the_engine_and_in_transformers(quick_run, rng):
