@@ -152,19 +152,8 @@ def test_a_checkpoint_and_a_text_file_can_replace_the_synthetic_defaults(tmp_pat
     assert result.exit_code == 2 and "the text has 9 tokens" in result.output
 
 
-def test_a_trained_checkpoint_is_measured_on_its_heldout_text_and_labelled_trained(tmp_path):
-    import dataclasses
-
-    from engine.training.cli import trained_checkpoint
-    from engine.training.trainer import DEFAULT_RECIPES
-
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for i in range(30):
-        (corpus / f"m{i}.py").write_text("".join(f"x{j} = {i} * {j}\n" for j in range(60)))
-    recipe = dataclasses.replace(DEFAULT_RECIPES["tiny"], steps=2, batch_size=2, seq_len=16, warmup_steps=1,
-                                 eval_tokens=64)  # fmt: skip
-    ckpt, _ = trained_checkpoint(recipe, tmp_path / "cache", corpus_root=corpus)
+def test_a_trained_checkpoint_is_measured_on_its_heldout_text_and_labelled_trained(trained_tiny, tmp_path):
+    ckpt = trained_tiny
     args = ["accuracy", "--weights", str(ckpt), "--plans", "default", "--groups", "32", "--sequences", "2",
             "--seq-len", "16", "--prompts", "1", "--prompt-len", "4", "--greedy-tokens", "3",
             "--results", str(tmp_path / "results"), "--no-regenerate"]  # fmt: skip

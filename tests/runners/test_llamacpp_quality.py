@@ -3,14 +3,11 @@ and the RESULTS.md sections that keep random-weight accuracy apart as a stress t
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
 from click.testing import CliRunner
 
-from engine.training.cli import trained_checkpoint
-from engine.training.trainer import DEFAULT_RECIPES
 from harness import figures, report
 from harness.receipt import load_receipt, receipt_paths
 from runners.cli import main
@@ -22,15 +19,9 @@ EVAL = ["--sequences", "2", "--seq-len", "16", "--results"]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory):
+def results(trained_tiny, tmp_path_factory):
+    ckpt = trained_tiny
     root = tmp_path_factory.mktemp("quality")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    for i in range(30):
-        (corpus / f"m{i}.py").write_text("".join(f"y{j} = {i} + {j}\n" for j in range(60)))
-    recipe = dataclasses.replace(DEFAULT_RECIPES["tiny"], steps=3, batch_size=2, seq_len=16, warmup_steps=1,
-                                 eval_tokens=64)  # fmt: skip
-    ckpt, _ = trained_checkpoint(recipe, root / "cache", corpus_root=corpus)
     out = root / "results"
     accuracy = ["accuracy", "--weights", str(ckpt), "--plans", "default", "--groups", "32", "--prompts", "1",
                 "--prompt-len", "4", "--greedy-tokens", "3", *EVAL, str(out), "--no-regenerate"]  # fmt: skip
