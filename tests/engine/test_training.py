@@ -177,3 +177,11 @@ def test_recipe_key_changes_with_every_field():
         value = getattr(QUICK, field.name)
         changed = (value or 0) + 1 if not isinstance(value, str) else value + "x"
         assert dataclasses.replace(QUICK, **{field.name: changed}).key("c" * 64) != base, field.name
+
+
+def test_a_minutes_budget_stops_on_the_clock(corpus_dir, tmp_path):
+    recipe = dataclasses.replace(QUICK, steps=None, minutes=0.002)  # 0.12 s: at least one step, then stop
+    path, _ = trained_checkpoint(recipe, tmp_path, corpus_root=corpus_dir)
+    record = json.loads((path / "training.json").read_text())
+    assert record["steps"] >= 1 and record["recipe"]["minutes"] == 0.002
+    assert record["wall_seconds"] < 0.12 + 30  # stops after the step that crossed the budget
