@@ -6,6 +6,7 @@ python -m runners proxy-peers  k3 and LiteLLM's proxy side by side in front of t
 python -m runners accuracy   quantised against unquantised model (KL, top-1, perplexity, greedy, routing)
 python -m runners kernels    every kernel variant against its reference: achieved bandwidth
 python -m runners llamacpp   our engine against llama.cpp on the same model and machine
+python -m runners training   train a checkpoint here (kimi-engine train) and record it as a receipt
 python -m runners llamacpp-quality  perplexity of llama.cpp's F16/Q8_0/Q4_0/Q4_K_M on the accuracy runner's tokens
 """
 
@@ -43,6 +44,9 @@ from runners.llamacpp import llamacpp_command  # noqa: E402
 main.add_command(llamacpp_command)
 
 from runners.llamacpp_quality import llamacpp_quality_command  # noqa: E402
+from runners.training import training_command  # noqa: E402
+
+main.add_command(training_command)
 
 main.add_command(llamacpp_quality_command)
 

@@ -21,7 +21,7 @@ from engine.runtime.loader import CHAT_TEMPLATE_FILE
 from engine.server.chat_template import SYNTHETIC_CHAT_TEMPLATE
 from engine.synth import write_checkpoint
 from engine.training.corpus import Corpus, build_corpus
-from engine.training.trainer import DEFAULT_RECIPES, TRAINER_VERSION, Recipe, evaluate, train
+from engine.training.trainer import DEFAULT_RECIPES, TRAINER_VERSION, Recipe, evaluate, recipe_for, train
 
 CACHE_DIR = Path(__file__).resolve().parents[2] / ".cache" / "training"
 LOG_EVERY = 10  # steps between progress lines when stderr is not a terminal
@@ -156,22 +156,8 @@ def train_command(
         raise click.UsageError("give --steps or --minutes, not both")
     if threads:
         torch.set_num_threads(threads)
-    base = DEFAULT_RECIPES[preset_name]
-    recipe = dataclasses.replace(
-        base,
-        seed=seed,
-        steps=steps if minutes is None else None,
-        minutes=minutes,
-        batch_size=batch_size or base.batch_size,
-        seq_len=seq_len or base.seq_len,
-        lr=lr or base.lr,
-    )
-    if recipe.steps is None and recipe.minutes is None:
-        recipe = dataclasses.replace(recipe, steps=base.steps)
-    if recipe.steps is not None:
-        recipe = dataclasses.replace(
-            recipe, warmup_steps=min(recipe.warmup_steps, max(1, recipe.steps // 10))
-        )
+    recipe = recipe_for(preset_name, seed=seed, steps=steps, minutes=minutes, batch_size=batch_size,
+                        seq_len=seq_len, lr=lr)  # fmt: skip
     if out is not None and out.exists() and any(out.iterdir()):
         raise click.ClickException(f"{out} exists and is not empty; refusing to overwrite it")
     path, cached = trained_checkpoint(recipe, cache_dir, corpus_root=corpus_root, progress=True)

@@ -76,6 +76,32 @@ DEFAULT_RECIPES = {
 }
 
 
+def recipe_for(
+    preset: str,
+    *,
+    seed: int,
+    steps: int | None = None,
+    minutes: float | None = None,
+    batch_size: int | None = None,
+    seq_len: int | None = None,
+    lr: float | None = None,
+) -> Recipe:
+    """The preset's default recipe with the given fields changed; the warm-up is at most a tenth of a
+    step-count run. Without --steps or --minutes, the preset's step count."""  # fmt: skip
+    base = DEFAULT_RECIPES[preset]
+    if minutes is not None and steps is not None:
+        raise ValueError("give steps or minutes, not both")
+    recipe = dataclasses.replace(
+        base, seed=seed, steps=None if minutes is not None else (steps or base.steps), minutes=minutes,
+        batch_size=batch_size or base.batch_size, seq_len=seq_len or base.seq_len, lr=lr or base.lr,
+    )  # fmt: skip
+    if recipe.steps is not None:
+        recipe = dataclasses.replace(
+            recipe, warmup_steps=min(recipe.warmup_steps, max(1, recipe.steps // 10))
+        )
+    return recipe
+
+
 def learning_rate(recipe: Recipe, step: int, fraction_done: float) -> float:
     """Linear warm-up over `warmup_steps`, then cosine from the peak to `min_lr_ratio` of it."""
     if step < recipe.warmup_steps:
