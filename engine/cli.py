@@ -1,4 +1,4 @@
-"""`kimi-engine`: the engine's command line (synthetic checkpoints, export, quantise, kernels, serve)."""
+"""`kimi-engine`: the engine's command line (synthetic and trained checkpoints, export, quantise, kernels, serve)."""
 
 import click
 
@@ -7,6 +7,7 @@ from engine.kernels.cli import kernels
 from engine.quant.cli import quantize, verify
 from engine.server.cli import serve_command
 from engine.synth import synth_command
+from engine.training.cli import train_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -21,3 +22,4 @@ main.add_command(quantize)
 main.add_command(verify)
 main.add_command(kernels)
 main.add_command(serve_command)
+main.add_command(train_command)

@@ -24,9 +24,14 @@ class _Sink:
         pass
 
 
-def progress_bar(iterable: Iterable | None = None, *, length: int | None = None, label: str, show: bool):
-    """click.progressbar on stderr when `show`, otherwise the same object drawing nowhere."""
-    return click.progressbar(iterable, length=length, label=label, file=sys.stderr if show else _Sink())
+def progress_bar(
+    iterable: Iterable | None = None, *, length: int | None = None, label: str, show: bool, **options
+):
+    """click.progressbar on stderr when `show`, otherwise the same object drawing nowhere; `options` go
+    to click.progressbar (e.g. item_show_func)."""
+    return click.progressbar(
+        iterable, length=length, label=label, file=sys.stderr if show else _Sink(), **options
+    )
 
 
 def stderr_progress(label: str, total: int) -> contextlib.AbstractContextManager:

@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -97,17 +98,18 @@ def shard_file_name(i: int, n: int) -> str:
     return f"model-{i + 1:05d}-of-{n:05d}.safetensors"
 
 
-def write_synthetic_checkpoint(
+def write_checkpoint(
     config: KimiLinearConfig,
     out: str | Path,
+    tensor_of: Callable[[TensorSpec], torch.Tensor],
     *,
-    seed: int,
-    preset_name: str | None = None,
+    extra_files: dict[str, str],
     max_shard_bytes: int | None = None,
     progress: bool = False,
 ) -> Path:
-    """Write config, sharded safetensors + index, tokenizer and the synthetic marker into `out`.
-    Holds at most one shard in memory."""
+    """Write config, sharded safetensors + index, the byte-level tokenizer and `extra_files` (name -> text)
+    into `out`; `tensor_of(spec)` gives each tensor in its checkpoint dtype. Holds at most one shard in
+    memory. Used for synthetic (`kimi-engine synth`) and trained (`kimi-engine train`) checkpoints."""
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise click.ClickException(f"{out} exists and is not empty; refusing to overwrite it")
@@ -121,13 +123,30 @@ def write_synthetic_checkpoint(
             file_name = shard_file_name(i, len(shards))
             tensors = {}
             for spec in shard:
-                tensors[spec.name] = synthetic_tensor(spec, seed)
+                tensors[spec.name] = tensor_of(spec).to(spec.dtype).contiguous()
                 weight_map[spec.name] = file_name
                 bar.update(spec.nbytes)
             save_file(tensors, str(out / file_name), metadata={"format": "pt"})
             del tensors
     (out / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
     write_byte_level_tokenizer(out)
+    for name, text in extra_files.items():
+        (out / name).write_text(text)
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")  # last: a partial dir has no index
+    return out
+
+
+def write_synthetic_checkpoint(
+    config: KimiLinearConfig,
+    out: str | Path,
+    *,
+    seed: int,
+    preset_name: str | None = None,
+    max_shard_bytes: int | None = None,
+    progress: bool = False,
+) -> Path:
+    """A checkpoint of synthetic weights (`synthetic_tensor`) with the synthetic marker."""
     marker = {
         "synthetic": True,
         "note": "synthetic weights: random values at realistic scales, not a trained model",
@@ -135,10 +154,14 @@ def write_synthetic_checkpoint(
         "seed": seed,
         "writer": "kimi-engine synth",
     }
-    (out / SYNTHETIC_MARKER).write_text(json.dumps(marker, indent=2) + "\n")
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")  # last: a partial dir has no index
-    return out
+    return write_checkpoint(
+        config,
+        out,
+        lambda spec: synthetic_tensor(spec, seed),
+        extra_files={SYNTHETIC_MARKER: json.dumps(marker, indent=2) + "\n"},
+        max_shard_bytes=max_shard_bytes,
+        progress=progress,
+    )
 
 
 @torch.no_grad()

@@ -271,15 +271,16 @@ def selfcheck(repeats: int, root: Path | None, results: Path | None) -> None:
 
 @main.command("import-device")
 @click.argument("tar_path", metavar="TAR", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--results", type=click.Path(path_type=Path), default=REPO_ROOT / "results", show_default=True)
-def import_device(tar_path: Path, results: Path) -> None:
+@root_option
+@results_option
+def import_device(tar_path: Path, root: Path | None, results: Path | None) -> None:
     """Put the receipts of a GPU run (gpu-check's TAR) under RESULTS, each checked first, where report
     and audit find them. Then run `kimi-harness report` and `kimi-harness figures`."""
     from harness.import_device import import_device_tar
     from harness.receipt import ReceiptError
 
     try:
-        written, present = import_device_tar(tar_path, results)
+        written, present = import_device_tar(tar_path, resolve_results(root, results))
     except ReceiptError as exc:
         raise click.ClickException(str(exc)) from None
     for path in written:

@@ -26,7 +26,7 @@ from harness.figure_style import NEUTRAL, STYLE, check_renderer, save, series_st
 from harness.hardware import REPO_ROOT
 from harness.receipt import short_id
 from harness.report import load_frame, newest
-from harness.summary import config_label, natural_key, weights_label
+from harness.summary import config_label, natural_key, weights_kind, weights_label
 
 FIGURES_DIR = REPO_ROOT / "docs" / "figures"
 
@@ -515,6 +515,60 @@ def draw_turn_steps(data: dict) -> plt.Figure:
     return fig
 
 
+def perplexity_vs_bits(frame: pd.DataFrame) -> dict | None:
+    """Held-out perplexity against stored bits per weight on trained (or real) weights: our INT4 plans
+    (accuracy receipts) and llama.cpp's quants (llamacpp_quality receipts) of the same checkpoint, on the
+    same tokens. Random-weight receipts are left out (a stress test, not a model)."""
+    series: dict[tuple[str, str], list[dict]] = {}
+    references: dict[str, float] = {}
+    for row in _newest_suite(frame, "accuracy").itertuples():
+        receipt = row.receipt
+        if weights_kind(receipt["config"]) == "random" or "bits_per_weight" not in receipt["derived"]:
+            continue
+        model = f"{receipt['config']['model']} · {row.hardware_id}"
+        references[model] = receipt["derived"]["perplexity_reference"]
+        series.setdefault((model, "ours"), []).append(
+            {"label": _plan_label(receipt["config"]["plan"]), "bits_per_weight": receipt["derived"]["bits_per_weight"],
+             "perplexity": receipt["derived"]["perplexity_candidate"], "receipt": row.path})  # fmt: skip
+    for row in _newest_suite(frame, "llamacpp_quality").itertuples():
+        receipt = row.receipt
+        if weights_kind(receipt["config"]) == "random":
+            continue
+        model = f"{receipt['config']['model']} · {row.hardware_id}"
+        series.setdefault((model, "llama.cpp"), []).append(
+            {"label": receipt["config"]["gguf_type"].upper(), "bits_per_weight": receipt["derived"]["bits_per_weight"],
+             "perplexity": receipt["derived"]["perplexity"], "receipt": row.path})  # fmt: skip
+    if not series:
+        return None
+    out = [{"model": model, "source": source, "points": sorted(points, key=lambda p: p["bits_per_weight"])}
+           for (model, source), points in sorted(series.items())]  # fmt: skip
+    return {"title": "Held-out perplexity against bits per weight (trained weights)", "series": out,
+            "references": [{"model": m, "perplexity": p} for m, p in sorted(references.items())]}  # fmt: skip
+
+
+def draw_perplexity_vs_bits(data: dict) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(7.2, 4.2), layout="constrained")
+    models = sorted({s["model"] for s in data["series"]})
+    for s in data["series"]:
+        color = f"C{models.index(s['model']) % 10}"
+        marker = "o" if s["source"] == "ours" else "s"
+        xs, ys = [p["bits_per_weight"] for p in s["points"]], [p["perplexity"] for p in s["points"]]
+        ax.scatter(xs, ys, color=color, marker=marker, label=f"{s['source']} · {s['model']}", zorder=3)
+        for p in s["points"]:
+            ax.annotate(p["label"], (p["bits_per_weight"], p["perplexity"]), fontsize=6,
+                        xytext=(3, 3), textcoords="offset points")  # fmt: skip
+    for ref in data["references"]:
+        color = f"C{models.index(ref['model']) % 10}" if ref["model"] in models else "#222222"
+        ax.axhline(ref["perplexity"], color=color, linewidth=0.8, linestyle="--",
+                   label=f"unquantised · {ref['model']}")  # fmt: skip
+    ax.set_xlabel("stored bits per weight (every tensor counted)")
+    ax.set_ylabel("held-out perplexity")
+    ax.set_title(data["title"])
+    ax.legend(fontsize=6)
+    ax.grid(alpha=0.3)
+    return fig
+
+
 FIGURES: list[Figure] = [
     Figure(
         "harness_selfcheck",
@@ -538,6 +592,7 @@ FIGURES: list[Figure] = [
     Figure("plan_weight_bytes", plan_weight_bytes, draw_plan_weight_bytes),
     Figure("quantisation_quality", quantisation_quality, draw_quantisation_quality),
     Figure("llamacpp_vs_engine", llamacpp_vs_engine, draw_llamacpp),
+    Figure("perplexity_vs_bits", perplexity_vs_bits, draw_perplexity_vs_bits),
 ]
 
 

@@ -8,7 +8,7 @@ import jinja2
 import pandas as pd
 
 from harness.receipt import RESULTS_DIR, load_receipt, receipt_paths, short_id
-from harness.summary import COLUMNS, DIRTY_MARK, not_measured, summary_rows
+from harness.summary import COLUMNS, DIRTY_MARK, not_measured, summary_rows, weights_kind
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -27,6 +27,11 @@ SUITES = {
     ),
     "accuracy": ("Accuracy", "Quantised against unquantised model on the same weights and prompts."),
     "llamacpp": ("llama.cpp head to head", "The same model and machine, our engine against llama.cpp."),
+    "llamacpp_quality": (
+        "llama.cpp quants: perplexity",
+        "llama.cpp's F16 / Q8_0 / Q4_0 / Q4_K_M of the same checkpoint on the accuracy runner's tokens "
+        "(compare with the accuracy section's perplexity_candidate at its bits_per_weight).",
+    ),
     "harness": (
         "Harness self-check",
         "A small real measurement that proves the receipt → report → figures → audit path.",
@@ -137,6 +142,27 @@ def _section(suite: str, rows: pd.DataFrame) -> dict:
     }
 
 
+# Accuracy on random weights measures the codec, not a model (no logit margins): its own section, last.
+ACCURACY_BY_WEIGHTS = {
+    "trained": ("Accuracy (trained weights)", "Quantised against unquantised model on weights trained here "
+                "(`kimi-engine train`), on held-out text."),
+    "real": ("Accuracy (real weights)", "Quantised against unquantised model on the real weights."),
+    "random": ("Accuracy stress test (random weights)", "Quantised against unquantised model on synthetic "
+               "random weights: no logit margins, so these numbers stress the codec and say nothing about a "
+               "trained model's quantisation damage."),
+}  # fmt: skip
+
+
+def _accuracy_sections(rows: pd.DataFrame) -> list[dict]:
+    kinds = rows["receipt"].map(lambda r: weights_kind(r["config"]))
+    sections = []
+    for kind, (title, description) in ACCURACY_BY_WEIGHTS.items():
+        if (kinds == kind).any():
+            section = _section("accuracy", rows[kinds == kind])
+            sections.append(section | {"title": title, "description": description})
+    return sections
+
+
 def templates(directory: Path) -> jinja2.Environment:
     """The project's Markdown templates: strict (a missing value fails), block tags leave no blank lines."""
     return jinja2.Environment(
@@ -152,7 +178,10 @@ def render(results_dir: Path | None = None) -> str:
     frame = load_frame(results_dir)
     latest = newest(frame)
     suites = [s for s in SUITES if s in set(latest["suite"])] + sorted(set(latest["suite"]) - set(SUITES))
-    sections = [_section(suite, latest[latest["suite"] == suite]) for suite in suites]
+    sections = []
+    for suite in suites:
+        rows = latest[latest["suite"] == suite]
+        sections += _accuracy_sections(rows) if suite == "accuracy" else [_section(suite, rows)]
     return (
         templates(TEMPLATES)
         .get_template("RESULTS.md.j2")

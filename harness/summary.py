@@ -28,13 +28,23 @@ def natural_key(label: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", label)]
 
 
-def weights_label(config: dict) -> str:
-    """Which weights a receipt measured; synthetic ones are random: a stress test, not a quality result.
-    Receipts older than the `weights` field say nothing, but a synthetic model only has random weights."""
+def weights_kind(config: dict) -> str:
+    """trained | real | random. Receipts from before `weights_kind` existed said it in `weights`, and
+    older ones in nothing, but a synthetic model only has random weights."""
+    if "weights_kind" in config:
+        return config["weights_kind"]
     weights = config.get("weights")
     if weights is None:
-        return SYNTHETIC_WEIGHTS if str(config.get("model", "")).startswith("synthetic") else "not recorded"
-    return SYNTHETIC_WEIGHTS if "synthetic" in weights.lower() else weights
+        return "random" if str(config.get("model", "")).startswith("synthetic") else "real"
+    return "random" if "synthetic" in weights.lower() else "real"
+
+
+def weights_label(config: dict) -> str:
+    """Which weights a receipt measured, in words; random ones are a stress test, not a quality result."""
+    kind = weights_kind(config)
+    if kind == "random":
+        return SYNTHETIC_WEIGHTS
+    return "trained here" if kind == "trained" else config.get("weights") or "not recorded"
 
 
 def config_label(cfg: dict) -> str:

@@ -18,8 +18,10 @@ import click
 import torch
 
 from engine.model import Checkpoint, KimiLinearForCausalLM, Tokenizer, load_model, preset, sample
+from engine.model.checkpoint_spec import checkpoint_tensors
 from engine.quant import PLANS, make_plan
 from engine.quant.plan import PlanError
+from engine.training.cli import HELDOUT_TEXT
 from harness.receipt import write_receipt
 from runners.decode import DTYPES
 from runners.dequantized import (
@@ -125,7 +127,31 @@ UNITS = {
     "kl_max_nats": "nats",
     "perplexity_delta": "perplexity",
     "greedy_first_divergence_median": "tokens",
+    "bits_per_weight": "bits",
 }
+
+
+# Which weights a receipt measured: random weights say nothing about a real model's quantisation damage
+# (no logit margins), so their numbers are a stress test, reported apart from trained/real weights.
+WEIGHTS_LABELS = {"random": "synthetic weights", "trained": "trained weights", "real": "real weights"}
+WEIGHTS_NOTES = {
+    "random": "stress test: synthetic weights (random values, not a trained model)",
+    "trained": "trained weights (kimi-engine train: see the checkpoint's training.json)",
+    "real": "real weights",
+}
+
+
+def weights_kind(checkpoint: Checkpoint | None) -> str:
+    """ "random" (in-memory or `kimi-engine synth`), "trained" (`kimi-engine train`) or "real"."""
+    if checkpoint is None:
+        return "random"
+    return {"synthetic": "random"}.get(checkpoint.weights_kind, checkpoint.weights_kind)
+
+
+def bits_per_weight(config, plan) -> float:
+    """Stored bits per parameter of the measured model's checkpoint under `plan` (every tensor counted)."""
+    params = sum(spec.numel for spec in checkpoint_tensors(config))
+    return 8 * sum(stored_bytes_by_class(config, plan).values()) / params
 
 
 def _plans(names: str, groups: list[int]) -> list:
@@ -183,8 +209,8 @@ def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype
     "--text",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     default=None,
-    help="Evaluate on this text (tokenised with the checkpoint's tokenizer) instead of text sampled from "
-    "the unquantised model.",
+    help="Evaluate on this text (tokenised with the checkpoint's tokenizer). Default: the checkpoint's "
+    "heldout.txt when it has one (trained checkpoints), else text sampled from the unquantised model.",
 )
 @click.option(
     "--prompts",
@@ -247,7 +273,9 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
             applier.check(plan)
     except PlanError as e:
         raise click.BadParameter(str(e), param_hint="--groups") from None
-    synthetic_weights = checkpoint is None or checkpoint.synthetic is not None
+    kind = weights_kind(checkpoint)
+    if text is None and weights is not None and (weights / HELDOUT_TEXT).exists():
+        text = weights / HELDOUT_TEXT
     if text is not None:
         eval_ids = text_sequences(Tokenizer.from_dir(weights), text.read_text(), sequences, seq_len)
         eval_set = f"text {text.name}: first {sequences} windows of {seq_len} tokens"
@@ -273,10 +301,9 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
             samples, derived = compare(reference, run, ref_greedy, greedy)
             bytes_full = stored_bytes_by_class(preset("full"), plan)
             derived |= {f"full_weight_bytes_{k}": v for k, v in bytes_full.items()}
+            derived["bits_per_weight"] = bits_per_weight(model.config, plan)
             notes = [
-                "synthetic weights (random values, not a trained model)"
-                if synthetic_weights
-                else "real weights",
+                WEIGHTS_NOTES[kind],
                 "candidate = dequantised weights (exact storage damage, no kernels)",
             ]
             if text is None:
@@ -287,7 +314,8 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
                     f"{label}.{plan.name}.g{plan.group_size}",
                     config={
                         "model": label,
-                        "weights": "synthetic weights" if synthetic_weights else "real weights",
+                        "weights": WEIGHTS_LABELS[kind],
+                        "weights_kind": kind,
                         "weight_source": source.describe,
                         "dtype": dtype,
                         "device": device,

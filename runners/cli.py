@@ -8,6 +8,8 @@ python -m runners kernels    every kernel variant against its reference: achieve
 python -m runners llamacpp   our engine against llama.cpp on the same model and machine
 python -m runners micro      pytest-benchmark microbenchmarks of k3's turn steps and the engine's host work
 python -m runners gpu-check  the one prepared GPU run: kernels, copy bandwidth, decode; a tar of receipts
+python -m runners training   train a checkpoint here (kimi-engine train) and record it as a receipt
+python -m runners llamacpp-quality  perplexity of llama.cpp's F16/Q8_0/Q4_0/Q4_K_M on the accuracy runner's tokens
 
 Subcommands are imported only when run: `gpu-check` must start on the GPU image, which lacks k3's
 dependencies (starlette, uvicorn, orjson) that the proxy runners import.
@@ -30,6 +32,8 @@ COMMANDS = {
     "gpu-check": "runners.gpu_check:gpu_check_command",
     "micro": "runners.micro:micro_command",
     "micro-gate": "runners.micro:micro_gate_command",
+    "training": "runners.training:training_command",
+    "llamacpp-quality": "runners.llamacpp_quality:llamacpp_quality_command",
 }
 
 

@@ -83,7 +83,8 @@ def kda_chunked(
     q, k, v, g, beta = chunked(q), chunked(k), chunked(v), chunked(g), chunked(beta)
     n_chunks = q.shape[2]
     out = torch.empty_like(v)
-    s = state
+    # A copy: the graph reads the entering state, so overwriting it in place would break autograd (training).
+    s = state.clone()
     # Phase 1 is batched over groups of chunks, sized so its largest temporary stays near _GROUP_ELEMENTS.
     per_chunk = batch * heads * chunk_size * SUB_CHUNK * q.shape[-1]
     group = max(1, _GROUP_ELEMENTS // per_chunk)

@@ -26,6 +26,7 @@ from engine.progress import progress_bar
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 SYNTHETIC_MARKER = "synthetic.json"  # written by `kimi-engine synth`; absent from real checkpoints
+TRAINING_RECORD = "training.json"  # written by `kimi-engine train`: the weights were trained here
 
 _EXPERT = re.compile(r"^(model\.layers\.\d+\.block_sparse_moe\.experts)\.(\d+)\.(w[123])\.weight$")
 
@@ -85,6 +86,13 @@ class Checkpoint:
         if marker.exists():
             return dataclasses.replace(checkpoint, synthetic=json.loads(marker.read_text()))
         return checkpoint
+
+    @property
+    def weights_kind(self) -> str:
+        """ "synthetic" (random values), "trained" (by `kimi-engine train`) or "real" (anything else)."""
+        if self.synthetic is not None:
+            return "synthetic"
+        return "trained" if (self.path / TRAINING_RECORD).exists() else "real"
 
     @property
     def shards(self) -> dict[str, list[str]]:

@@ -99,6 +99,10 @@ class KimiLinearForCausalLM(nn.Module):
     @torch.no_grad()
     def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
         """token_ids [B, T] -> logits [B, T, vocab]."""
+        return self.logits(token_ids)
+
+    def logits(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """`forward` without its no_grad: the training forward (engine/training) differentiates through it."""
         return self.lm_head(self._layers(self.model.embed_tokens(token_ids), None))
 
     @torch.no_grad()

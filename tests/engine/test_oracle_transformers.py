@@ -8,10 +8,10 @@ it is different); the test checks the layout it built.
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
+
+from tests.engine.transformers_support import load_with_transformers, transformers_without_fla
 
 # The checkpoint's config.json has `rope_scaling: null` (as the real one does); transformers warns about the key.
 pytestmark = [
@@ -25,17 +25,8 @@ ATOL = 1e-4
 
 @pytest.fixture(scope="module")
 def hf_model(tiny_dir):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(sys.modules, "fla", None)
-        try:
-            from transformers import KimiLinearForCausalLM
-        except ImportError as e:
-            pytest.skip(f"transformers with KimiLinear is not importable: {e}")
-        model, info = KimiLinearForCausalLM.from_pretrained(
-            tiny_dir, dtype=torch.float32, output_loading_info=True
-        )
-        assert not any(info.values()), f"transformers did not load the checkpoint cleanly: {info}"
-        yield model.eval()
+    with transformers_without_fla():
+        yield load_with_transformers(tiny_dir)
 
 
 def hf_cache_of(output):

@@ -99,6 +99,7 @@ def test_accuracy_runner_writes_one_receipt_per_plan_and_group(tmp_path):
     for r in receipts:
         assert r["suite"] == "accuracy" and "synthetic weights" in r["notes"]
         assert r["config"]["weights"] == "synthetic weights" and r["config"]["router_layers"] == [1, 2, 3]
+        assert r["config"]["weights_kind"] == "random" and r["notes"].startswith("stress test")
         assert len(r["samples"]["kl_nats"]) == 2 * 11 and min(r["samples"]["kl_nats"]) >= 0
         assert len(r["samples"]["greedy_common_prefix_tokens"]) == 2
         d = r["derived"]
@@ -149,3 +150,19 @@ def test_a_checkpoint_and_a_text_file_can_replace_the_synthetic_defaults(tmp_pat
     short.write_text("too short")
     result = CliRunner().invoke(main, [*args, "--text", str(short)])
     assert result.exit_code == 2 and "the text has 9 tokens" in result.output
+
+
+def test_a_trained_checkpoint_is_measured_on_its_heldout_text_and_labelled_trained(trained_tiny, tmp_path):
+    ckpt = trained_tiny
+    args = ["accuracy", "--weights", str(ckpt), "--plans", "default", "--groups", "32", "--sequences", "2",
+            "--seq-len", "16", "--prompts", "1", "--prompt-len", "4", "--greedy-tokens", "3",
+            "--results", str(tmp_path / "results"), "--no-regenerate"]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    (receipt,) = [load_receipt(p) for p in receipt_paths(tmp_path / "results")]
+    assert (
+        receipt["config"]["weights_kind"] == "trained" and receipt["config"]["weights"] == "trained weights"
+    )
+    assert receipt["config"]["eval_set"].startswith("text heldout.txt")
+    assert receipt["notes"].startswith("trained weights")
+    assert 4 < receipt["derived"]["bits_per_weight"] < 16

@@ -1,0 +1,1 @@
+"""Training the engine's own Kimi-Linear on this machine: corpus (stdlib source), trainer, `kimi-engine train`."""
