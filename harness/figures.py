@@ -550,20 +550,20 @@ def draw_perplexity_vs_bits(data: dict) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(7.2, 4.2), layout="constrained")
     models = sorted({s["model"] for s in data["series"]})
     for s in data["series"]:
-        color = f"C{models.index(s['model']) % 10}"
+        color = series_style(models.index(s["model"]))["color"]
         marker = "o" if s["source"] == "ours" else "s"
         xs, ys = [p["bits_per_weight"] for p in s["points"]], [p["perplexity"] for p in s["points"]]
-        ax.scatter(xs, ys, color=color, marker=marker, label=f"{s['source']} · {s['model']}", zorder=3)
+        ax.scatter(xs, ys, color=color, marker=marker, label=text(f"{s['source']} · {s['model']}"), zorder=3)
         for p in s["points"]:
-            ax.annotate(p["label"], (p["bits_per_weight"], p["perplexity"]), fontsize=6,
+            ax.annotate(text(p["label"]), (p["bits_per_weight"], p["perplexity"]), fontsize=6,
                         xytext=(3, 3), textcoords="offset points")  # fmt: skip
     for ref in data["references"]:
-        color = f"C{models.index(ref['model']) % 10}" if ref["model"] in models else "#222222"
+        color = series_style(models.index(ref["model"]))["color"] if ref["model"] in models else NEUTRAL
         ax.axhline(ref["perplexity"], color=color, linewidth=0.8, linestyle="--",
-                   label=f"unquantised · {ref['model']}")  # fmt: skip
-    ax.set_xlabel("stored bits per weight (every tensor counted)")
-    ax.set_ylabel("held-out perplexity")
-    ax.set_title(data["title"])
+                   label=text(f"unquantised · {ref['model']}"))  # fmt: skip
+    ax.set_xlabel(text("stored bits per weight (every tensor counted)"))
+    ax.set_ylabel(text("held-out perplexity"))
+    ax.set_title(title(data))
     ax.legend(fontsize=6)
     ax.grid(alpha=0.3)
     return fig
