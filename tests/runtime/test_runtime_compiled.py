@@ -15,6 +15,9 @@ from tests.runtime.runtime_support import random_prompt
 GREEDY = SamplingParams(temperature=0.0)
 # FP32 throughout; Inductor fuses and reorders reductions, so logits move by rounding only.
 LOGITS_RTOL = 1e-4  # of the largest logit magnitude
+# The CPU's INT4 kernels (int4pack) take BF16 activations and round their outputs to BF16 (2^-8
+# relative each); Inductor fuses the FP32 ops around them differently, so roundings land elsewhere.
+INT4_LOGITS_RTOL = 2e-2
 
 
 def _load(step: str, **kwargs) -> Engine:
@@ -83,7 +86,7 @@ def test_int4_weights_compile_with_the_packed_modules(tiny_artifact, rng):
     finally:
         eager.close()
         compiled.close()
-    assert max(errors) <= LOGITS_RTOL, f"worst relative logit error {max(errors):.2e}"
+    assert max(errors) <= INT4_LOGITS_RTOL, f"worst relative logit error {max(errors):.2e}"
 
 
 @pytest.mark.slow
