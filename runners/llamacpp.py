@@ -180,7 +180,7 @@ def engine_runs(
 
 
 UNITS = {
-    "ttft_ms": "ms", "prefill_tok_s": "tok/s", "decode_ms": "ms/step", "decode_tok_s": "tok/s",
+    "ttft_ms": "ms", "prefill_tok_s": "tok/s", "decode_ms": "ms/step", "decode_tok_s": "tok/s", "raw_decode_tok_s": "tok/s",
     "pp_tok_s": "tok/s", "tg_tok_s": "tok/s", "server_prompt_tok_s": "tok/s", "server_decode_tok_s": "tok/s",
     "server_request_ms": "ms",
 }  # fmt: skip
