@@ -33,6 +33,7 @@ from triton.runtime.jit import JITFunction, create_function_from_signature
 from engine.kernels import registry, triton_gemv
 from engine.kernels.cases import CASES
 from engine.kernels.shapes import kimi_shapes
+from engine.kernels.triton_gemv import direct_launches
 
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 SM_COUNTS = {90: 132, 89: 142, 80: 108}  # H100/H200, L40S, A100: what launch_config's split-K sees
@@ -73,7 +74,7 @@ def capture(config, *, group: int = 32, batches=(1, 8), sm_count: int = 132) -> 
             for shape in shapes:
                 case = CASES[op](shape, None, "meta")
                 out = torch.empty(case.out_shape, dtype=case.out_dtype, device="meta")
-                with _intercepted(sm_count) as recorded:
+                with _intercepted(sm_count) as recorded, direct_launches():
                     v.fn(*case.args, **case.kwargs, out=out)
                 launches += [Launch(op, v.name, shape["name"], k, a, kw) for k, a, kw in recorded]
     return launches

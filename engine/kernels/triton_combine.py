@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from engine.kernels.signatures import combine_shape, output
+from engine.kernels.triton_gemv import LAUNCH_DIRECTLY
 
 
 @triton.jit
@@ -24,10 +25,14 @@ def _combine_kernel(y_ptr, w_ptr, out_ptr, S, N, BLOCK_N: tl.constexpr):
     tl.store(out_ptr + b * N + rn, acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-@torch.library.custom_op("kimi::route_combine", mutates_args=("out",))
-def _route_combine_op(y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, block_n: int) -> None:
+def _launch(y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, block_n: int) -> None:
     batch, slots, n = y.shape
     _combine_kernel[(triton.cdiv(n, block_n), batch)](y, weights, out, slots, n, BLOCK_N=block_n, num_warps=4)
+
+
+@torch.library.custom_op("kimi::route_combine", mutates_args=("out",))
+def _route_combine_op(y: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, block_n: int) -> None:
+    _launch(y, weights, out, block_n)
 
 
 _route_combine_op.register_fake(lambda *args: None)
@@ -36,5 +41,5 @@ _route_combine_op.register_fake(lambda *args: None)
 def route_combine(y, weights, *, out=None, out_dtype=None, block_n: int = 256):
     batch, slots, n = combine_shape(y, weights)
     out = output(out, (batch, n), out_dtype or y.dtype, y.device)
-    torch.ops.kimi.route_combine(y, weights, out, block_n)
+    (_launch if LAUNCH_DIRECTLY[0] else torch.ops.kimi.route_combine)(y, weights, out, block_n)
     return out

@@ -25,6 +25,8 @@ every tile dimension a power of two >= 16.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -412,13 +414,28 @@ def _grouped_swiglu_op(x: torch.Tensor, gate_codes: torch.Tensor, gate_scales: t
 for _op in (_gemv_op, _grouped_gemv_op, _grouped_swiglu_op):
     _op.register_fake(lambda *args: None)  # writes `out`, returns nothing: no shapes to compute
 
+LAUNCH_DIRECTLY = [
+    False
+]  # aot.capture: launch without the custom ops, whose fakes would swallow meta tensors
+
+
+@contextmanager
+def direct_launches() -> Iterator[None]:
+    """Within, the public functions launch their kernels directly instead of through the custom ops
+    (the AOT compiler intercepts those launches on meta tensors; dispatch would run the fakes)."""
+    LAUNCH_DIRECTLY[0] = True
+    try:
+        yield
+    finally:
+        LAUNCH_DIRECTLY[0] = False
+
 
 def _gemv(fmt, x, data, scales, group, out, out_dtype, config: LaunchConfig | None):
     shape = gemv_shape(fmt, x, data, scales, group)
     out = output(out, (shape.batch, shape.n), out_dtype or x.dtype, x.device)
     if x.stride(1) != 1:
         x = x.contiguous()
-    if config is None:
+    if config is None and not LAUNCH_DIRECTLY[0]:
         torch.ops.kimi.gemv(fmt, x, data, scales, group or 0, out)
     else:
         _gemv_into(fmt, x, data, scales, group, out, config)
@@ -440,7 +457,7 @@ def w16a16_gemv(x, weight, *, out=None, out_dtype=None, config=None):
 def w4a16_grouped_gemv(x, codes, scales, route_ids, group_size, *, out=None, out_dtype=None, config=None):
     shape = grouped_shape(x, codes, scales, route_ids, group_size)
     out = output(out, (shape.batch, shape.slots, shape.n), out_dtype or x.dtype, x.device)
-    if config is None:
+    if config is None and not LAUNCH_DIRECTLY[0]:
         torch.ops.kimi.grouped_gemv(x, codes, scales, route_ids, group_size, out)
     else:
         _grouped_gemv_into(x, codes, scales, route_ids, group_size, out, config)
@@ -457,7 +474,7 @@ def w4a16_grouped_swiglu(
         raise ValueError("the gate/up projection takes x as [B, K]")
     out = output(out, (shape.batch, shape.slots, shape.n), x.dtype, x.device)
     args = (x, gate_codes, gate_scales, up_codes, up_scales, route_ids, group_size, out)
-    if config is None:
+    if config is None and not LAUNCH_DIRECTLY[0]:
         torch.ops.kimi.grouped_swiglu(*args)
     else:
         _grouped_swiglu_into(*args, config)

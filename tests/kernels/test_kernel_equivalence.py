@@ -117,6 +117,8 @@ def test_bad_arguments_are_refused_alike_by_every_variant():
             v.fn(x[:, :32], codes, scales, group)
         with pytest.raises(ValueError, match="out has dtype"):
             v.fn(x, codes, scales, group, out=torch.empty(1, 16, device=DEVICE))
+        if v.pack is not None:
+            continue  # a repacked weight (int4pack) has its own layout: the 8-code word rule is the artifact's
         # Group 4 divides K but splits the kernel's 8-code words (it summed wrong: err/tol 5,950).
         fine = scales.repeat_interleave(8, dim=1)
         with pytest.raises(ValueError, match="INT4 group size 4 is not a multiple of 8"):
