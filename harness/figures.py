@@ -615,7 +615,16 @@ def _annotate(data: dict, frame: pd.DataFrame) -> dict:
     ids = ", ".join(short_id(row.receipt) for row in sorted(rows, key=lambda r: r.path))
     caption = (f"{data['title']}. Hardware: {', '.join(hardware)}. {len(rows)} receipt(s) under results/: {ids}. "
                f"Commit(s): {', '.join(commits)}. Regenerate with `python scripts/make_figures.py`.")  # fmt: skip
+    if len(hardware) > 1:  # several machines: each series names its own
+        data = data | {key: [_with_hardware(item) for item in data[key]]
+                       for key in ("series", "bars", "points") if isinstance(data.get(key), list)}  # fmt: skip
     return data | {"hardware": hardware[0] if len(hardware) == 1 else None, "caption": caption}
+
+
+def _with_hardware(item: dict) -> dict:
+    if isinstance(item, dict) and "hardware_id" in item and "label" in item:
+        return item | {"label": f"{item['label']} · {item['hardware_id']}"}
+    return item
 
 
 def build_all(results_dir: Path | None = None) -> dict[str, dict]:
