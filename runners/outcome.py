@@ -15,7 +15,10 @@ MAX_FIGURES = 5  # per receipt: the derived figures first (ratios, rooflines), t
 def _figures(receipt: dict) -> list[str]:
     units = receipt.get("units", {})
     shown = []
-    for key, value in receipt.get("derived", {}).items():
+    derived = receipt.get("derived", {})
+    # Byte counts (sizes, not results) go last: a table of what was measured comes first.
+    for key in sorted(derived, key=lambda k: units.get(k) == "B"):
+        value = derived[key]
         if isinstance(value, int | float) and not isinstance(value, bool):
             shown.append(f"{key} {value:.4g}{' ' + units[key] if key in units else ''}")
     for key, stats in receipt.get("summary", {}).items():
