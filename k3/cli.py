@@ -64,11 +64,7 @@ def main() -> None:
 @main.command()
 def version() -> None:
     """Print k3's version."""
-    click.echo(f"k3 {package_version()}")
-
-
-def package_version() -> str:
-    return VERSION
+    click.echo(f"k3 {VERSION}")
 
 
 def _public_base(host: str, port: int) -> str:
