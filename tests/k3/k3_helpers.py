@@ -84,3 +84,33 @@ def responses_stream(text: str) -> openai.types.responses.Response:
                 assert [o.id for o in event.response.output] == [o["id"] for o in final["output"]]
     assert final is not None, "no terminal response event"
     return openai.types.responses.Response.model_validate(final)
+
+
+def start_k3(args: list[str], env: dict[str, str]):
+    """`python -m k3 ARGS` with `env` added; -> (the process, its base URL from the banner's first line)."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "k3", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": str(root), **env},
+    )  # fmt: skip
+    first = process.stdout.readline()  # type: ignore[union-attr]
+    match = re.match(r"k3 listening on (http://\S+)", first)
+    if match is None:
+        process.kill()
+        raise AssertionError(first + process.stdout.read())  # type: ignore[union-attr]
+    return process, match.group(1)
+
+
+def stop_k3(process) -> str:
+    """Terminate it; -> the rest of what it printed. Read through the text stream, not communicate():
+    with a timeout that reads the raw pipe and drops what readline() had already buffered."""
+    process.terminate()
+    output = process.stdout.read()  # until the process closes it, as it exits
+    process.wait(20)
+    return output

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 from click.testing import CliRunner
+from k3_helpers import start_k3, stop_k3
 
 from k3.app import create_app
 from k3.cli import main, serve, shell_line
@@ -90,21 +88,8 @@ def test_setup_lines_in_each_shell():
     assert shell_line("claude", "cmd") == "claude"
 
 
-def _serve(args: list[str], tmp_path: Path) -> tuple[subprocess.Popen, str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "K3_STATE_DIR": str(tmp_path / "state")}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "k3", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    first = process.stdout.readline()  # type: ignore[union-attr]
-    match = re.match(r"k3 listening on (http://\S+)", first)
-    if match is None:
-        process.kill()
-        raise AssertionError(first + process.communicate(timeout=10)[0])
-    return process, match.group(1)
+def _serve(args: list[str], tmp_path: Path):
+    return start_k3(args, {"K3_STATE_DIR": str(tmp_path / "state")})
 
 
 def test_the_quickstart_starts_and_serves_claude_code_with_inline_think(live, tmp_path):
@@ -127,8 +112,7 @@ def test_the_quickstart_starts_and_serves_claude_code_with_inline_think(live, tm
         assert fake.requests[-1]["model"] == "kimi-linear"
         assert httpx.get(f"{base}/health", timeout=20).status_code == 200
     finally:
-        process.terminate()
-        output = process.communicate(timeout=20)[0]
+        output = stop_k3(process)
     assert "POST /v1/messages" not in output  # no access log unless asked for
     assert "reasoning field think" in output
 
@@ -139,8 +123,7 @@ def test_access_log_gives_one_line_per_request(live, tmp_path):
     try:
         assert httpx.get(f"{base}/health", timeout=20).status_code == 200
     finally:
-        process.terminate()
-        output = process.communicate(timeout=20)[0]
+        output = stop_k3(process)
     assert "GET /health 200" in output
 
 

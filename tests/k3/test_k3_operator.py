@@ -4,13 +4,11 @@ variable holds its own key, and the start command `k3 doctor` prints for the eng
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 from click.testing import CliRunner
+from k3_helpers import start_k3, stop_k3
 
 from k3.cli import main
 from k3.testing.fake_upstream import FakeUpstream, Reply, serve_in_thread
@@ -53,15 +51,8 @@ async def test_the_access_log_has_one_line_per_finished_request_and_never_the_pr
     assert not any("secret" in line for line in lines)
 
 
-def _serve(env: dict[str, str], upstream: str) -> tuple[subprocess.Popen, str]:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "k3", "serve", "--upstream", upstream, "--port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **env},
-    )  # fmt: skip
-    first = process.stdout.readline()  # type: ignore[union-attr]
-    assert first.startswith("k3 listening on "), first
-    return process, first.split()[-1]
+def _serve(env: dict[str, str], upstream: str):
+    return start_k3(["serve", "--upstream", upstream, "--port", "0"], env)
 
 
 def test_k3s_own_key_is_not_the_variable_codex_sends_its_key_from(live, tmp_path):
@@ -72,8 +63,7 @@ def test_k3s_own_key_is_not_the_variable_codex_sends_its_key_from(live, tmp_path
     try:
         assert httpx.post(f"{base}/v1/chat/completions", json=CHAT, timeout=20).status_code == 200
     finally:
-        process.terminate()
-        output = process.communicate(timeout=20)[0]
+        output = stop_k3(process)
     assert "auth: off" in output
     process, base = _serve({**state, "K3_SERVE_API_KEY": "sekrit"}, upstream)
     try:
@@ -82,8 +72,7 @@ def test_k3s_own_key_is_not_the_variable_codex_sends_its_key_from(live, tmp_path
             f"{base}/v1/chat/completions", json=CHAT, headers={"authorization": "Bearer sekrit"}, timeout=20
         )
     finally:
-        process.terminate()
-        output = process.communicate(timeout=20)[0]
+        output = stop_k3(process)
     assert refused.status_code == 401 and allowed.status_code == 200
     assert "auth: on" in output and "sekrit" not in output
 
