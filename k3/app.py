@@ -276,7 +276,10 @@ class K3:
             self.stats.counters["errors"] += 1
             self.stats.finished(err.status, 0.0)
             if access.isEnabledFor(logging.INFO):
-                access.info("%s %s %d (%s)", scope["method"], scope["path"], err.status, err.code)
+                access.info(
+                    "%s %s %d (%s)", scope["method"], scope["path"], err.status, err.code,
+                    extra={"method": scope["method"], "path": scope["path"], "status": err.status},
+                )  # fmt: skip
             return await send_json(send, err.status, error_body(dialect, err))
         self.stats.counters["requests"] += 1
         self.stats.by_preset[found.preset.name] += 1
@@ -324,10 +327,18 @@ class K3:
             self.stats.finished(turn.status, elapsed)
             if access.isEnabledFor(logging.INFO):
                 usage = turn.usage
+                tokens = (
+                    {"prompt_tokens": usage.input_tokens, "completion_tokens": usage.output_tokens}
+                    if usage
+                    else {}
+                )
                 access.info(
                     "POST %s %d %.1f ms %s/%s in=%s out=%s", TURN_PATHS[turn.dialect], turn.status,
                     elapsed * 1e3, turn.dialect, turn.preset.name, usage.input_tokens if usage else "-",
                     usage.output_tokens if usage else "-",
+                    extra={"method": "POST", "path": TURN_PATHS[turn.dialect], "status": turn.status,
+                           "latency_ms": round(elapsed * 1e3, 1), "dialect": turn.dialect,
+                           "preset": turn.preset.name, **tokens},
                 )  # fmt: skip
 
     def _finish_record(
@@ -641,9 +652,12 @@ async def _logged(app: Callable[..., Awaitable[None]], scope: Scope, receive: Re
     try:
         await app(scope, receive, noting)
     finally:
+        latency_ms = (time.perf_counter() - started) * 1e3
         access.info(
-            "%s %s %d %.1f ms", scope["method"], scope["path"], status, (time.perf_counter() - started) * 1e3
-        )
+            "%s %s %d %.1f ms", scope["method"], scope["path"], status, latency_ms,
+            extra={"method": scope["method"], "path": scope["path"], "status": status,
+                   "latency_ms": round(latency_ms, 1)},
+        )  # fmt: skip
 
 
 def create_app(config: Config, *, upstream_transport: httpx.AsyncBaseTransport | None = None) -> K3App:

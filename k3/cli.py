@@ -18,6 +18,7 @@ from typing import Any
 import click
 import httpx
 
+from harness.logs import configure_logging, log_format_option
 from k3 import VERSION, presets
 from k3.config import (
     DEFAULT_MODEL,
@@ -299,7 +300,9 @@ mock_option = click.option(
     default="info",
     show_default=True,
     type=click.Choice(["trace", "debug", "info", "warning", "error", "critical"]),
+    help="Threshold of k3's log (stderr); trace adds uvicorn's protocol detail below debug.",
 )
+@log_format_option
 def serve(
     upstream: str,
     upstream_api_key: str | None,
@@ -332,6 +335,7 @@ def serve(
     shell: str | None,
     access_log: bool,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Serve the three client dialects on HOST:PORT in front of the engine at --upstream."""
     import uvicorn
@@ -418,7 +422,7 @@ def serve(
     click.echo("\nother clients: k3 presets -v   (setup for every preset)")
     sys.stdout.flush()
     k3_level = {"trace": "DEBUG"}.get(log_level, log_level.upper())  # trace: uvicorn's, below debug
-    logging.basicConfig(level=k3_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(k3_level, log_format)
     logging.getLogger("httpx").setLevel(
         max(logging.WARNING, logging.getLogger().level)
     )  # no line per side call
@@ -432,7 +436,8 @@ def serve(
     except (OSError, ValueError, sqlite3.Error) as exc:  # an unreadable ledger or secret
         raise click.UsageError(f"cannot open the reasoning ledger: {exc}") from None
     server = DrainingServer(
-        uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on"),  # k3.access logs instead
+        # k3.access logs instead of uvicorn's access log; configure_logging's handler formats uvicorn's lines
+        uvicorn.Config(app, log_level=log_level, log_config=None, access_log=False, lifespan="on"),
         app.state.k3.drain,
         shutdown_grace,
     )

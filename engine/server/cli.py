@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import socket
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from engine.quant.plan import PLANS
 from engine.runtime.compiled import step_option
 from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
 from engine.runtime.kda_kernels import KDA_KERNELS
+from harness.logs import configure_logging, log_format_option
 
 DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
 DEFAULT_GPU_CAP_GIB = 32.0
@@ -150,6 +150,7 @@ DEFAULT_GPU_CAP_GIB = 32.0
     show_default=True,
     help="info logs one line per finished request (status, latency, tokens; never prompts or keys).",
 )
+@log_format_option
 def serve_command(
     weights: Path | None,
     synthetic: str | None,
@@ -174,6 +175,7 @@ def serve_command(
     scripted_replies: Path | None,
     api_key: str | None,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Serve Kimi-Linear over the OpenAI Chat Completions API (/v1/chat/completions, /v1/models,
     /health, /tokenize), on 127.0.0.1 by default.
@@ -192,6 +194,7 @@ def serve_command(
     from engine.server.chat_template import SYNTHETIC_CHAT_TEMPLATE, ChatTemplate
     from engine.server.scripted import ScriptedReplies, ScriptError
 
+    configure_logging(log_level.upper(), log_format)  # before loading: its warnings are logged too
     if weights is not None and synthetic is not None:
         raise click.UsageError("give --weights or --synthetic, not both")
     if weights is None and synthetic is None:
@@ -270,10 +273,13 @@ def serve_command(
     if api_key:
         click.echo("auth: on (Authorization: Bearer <the --api-key>)")
     sys.stdout.flush()
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(context, api_key), log_level=log_level, access_log=False, timeout_graceful_shutdown=5
+            create_app(context, api_key),
+            log_level=log_level,
+            log_config=None,  # configure_logging's handler formats uvicorn's lines too
+            access_log=False,
+            timeout_graceful_shutdown=5,
         )
     )
     try:

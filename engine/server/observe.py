@@ -135,10 +135,15 @@ class Observed:
             state = scope["state"]
             if "completion_tokens" in state:
                 self.metrics.finished_generation(state, elapsed)
+            tokens = {
+                k: state[k] for k in ("prompt_tokens", "completion_tokens", "cached_tokens") if k in state
+            }
             log.info(
                 "%s %s %d %.1f ms prompt=%s completion=%s cached=%s",
                 scope["method"], scope["path"], status, elapsed * 1e3, state.get("prompt_tokens", "-"),
                 state.get("completion_tokens", "-"), state.get("cached_tokens", "-"),
+                extra={"method": scope["method"], "path": scope["path"], "status": status,
+                       "latency_ms": round(elapsed * 1e3, 1), **tokens},
             )  # fmt: skip
 
     def _authorized(self, scope: dict) -> bool:
