@@ -168,7 +168,8 @@ def import_benchmark_cmd(files: tuple[Path, ...], root: Path | None, results: Pa
 @click.option(
     "--max-regression", "max_regression", type=float, required=True, help="Allowed regression in percent."
 )
-@click.option("--higher-is-better/--lower-is-better", default=False, show_default=True)
+@click.option("--higher-is-better/--lower-is-better", default=False, show_default=True,
+              help="Which direction of the metric is an improvement (latencies: lower).")  # fmt: skip
 @root_option
 @click.option("--results", type=click.Path(path_type=Path), help="Where `latest:` receipts are looked up.")
 def compare(

@@ -17,13 +17,13 @@ from pathlib import Path
 import click
 import torch
 
+from engine.cli_options import dtype_option, resolve_dtype, synthetic_option
 from engine.model import Checkpoint, KimiLinearForCausalLM, Tokenizer, load_model, preset, sample
 from engine.model.checkpoint_spec import checkpoint_tensors
 from engine.quant import PLANS, make_plan
 from engine.quant.plan import PlanError
 from engine.training.cli import HELDOUT_TEXT
 from harness.receipt import write_receipt
-from runners.decode import DTYPES
 from runners.dequantized import (
     PlanApplier,
     checkpoint_source,
@@ -182,12 +182,10 @@ def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype
 
 
 @click.command("accuracy")
-@click.option(
-    "--synthetic",
-    type=click.Choice(["tiny", "small", "wide"]),
+@synthetic_option(
+    "Synthetic model (weights generated in memory from --seed) when --weights is not given.",
+    choices=("tiny", "small", "wide"),
     default="small",
-    show_default=True,
-    help="Synthetic model (weights generated in memory from --seed) when --weights is not given.",
 )
 @click.option(
     "--weights",
@@ -235,12 +233,8 @@ def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype
     help="Greedy tokens generated per prompt, compared token for token.",
 )
 @click.option("--device", default=None, help="cpu or cuda[:N]. Default: cuda when available.")
-@click.option(
-    "--dtype",
-    type=click.Choice(sorted(DTYPES)),
-    default="fp32",
-    show_default=True,
-    help="Model dtype. FP32 holds dequantised values exactly; BF16 rounds them once more.",
+@dtype_option(
+    default="fp32", what="Model dtype (fp32 holds dequantised values exactly; bf16 rounds them once more)"
 )
 @threads_option("torch")
 @click.option(
@@ -265,8 +259,9 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
         )
     threads = apply_threads(threads)
     label = weights.name if weights is not None else f"synthetic-{synthetic}"
+    dtype, torch_dtype = resolve_dtype(dtype, device)
     click.echo(f"building {label} ({dtype}) on {device} ...", err=True)
-    model, source, checkpoint = _model(weights, synthetic, device, DTYPES[dtype], seed)
+    model, source, checkpoint = _model(weights, synthetic, device, torch_dtype, seed)
     applier = PlanApplier(model, source)
     try:  # refuse a group size that does not fit the model before measuring anything
         for plan in candidates:

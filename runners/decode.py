@@ -22,15 +22,21 @@ from pathlib import Path
 import click
 import torch
 
+from engine.cli_options import (
+    NO_QUANT,
+    dtype_option,
+    memory_cap_option,
+    quant_option,
+    resolve_dtype,
+    synthetic_option,
+)
 from engine.kernels import DEFAULT_SELECTION, KernelSelectionError, KernelUnavailable, named_choices, resolve
 from engine.model import SamplingParams, SequenceCache
-from engine.model.dtypes import default_dtype
-from engine.quant import PLANS
 from engine.quant.manifest import MANIFEST_NAME
 from engine.runtime import LOAD_ERRORS, Engine
 from engine.runtime.compiled import step_option
 from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
-from harness.caps import MemoryCap
+from harness.caps import MemoryCap, default_cap_gib
 from harness.receipt import write_receipt
 from runners.bandwidth import copy_bandwidth_gbs
 from runners.options import positive_ints, results_option
@@ -39,16 +45,6 @@ from runners.regenerate import regenerate
 from runners.roofline import state_bytes_per_token, weight_bytes_per_token
 from runners.threads import apply_threads, threads_option
 
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
-
-
-def default_dtype_name(device: str) -> str:
-    """The engine's default dtype on ``device`` (engine.model.dtypes.default_dtype) by its option name."""
-    chosen = default_dtype(device)
-    return next(name for name, dtype in DTYPES.items() if dtype == chosen)
-
-
-NO_QUANT = "none"
 WARMUP_TOKENS = 4  # decoded by the untimed warm-up repeat
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -146,11 +142,8 @@ def step_method(graphs: bool, compiled: bool) -> str:
 
 
 @click.command("decode")
-@click.option(
-    "--synthetic",
-    type=click.Choice(["tiny", "small", "wide", "full"]),
-    default=None,
-    help="Synthetic model (no download). Default: small on the CPU, full on a GPU, unless --weights.",
+@synthetic_option(
+    "Synthetic model (no download). Default: small on the CPU, full on a GPU, unless --weights."
 )
 @click.option(
     "--weights",
@@ -159,13 +152,7 @@ def step_method(graphs: bool, compiled: bool) -> str:
     help="Measure this checkpoint or INT4 artifact (from `kimi-engine quantize`) instead of a synthetic model.",
 )
 @click.option("--device", default=None, help="cpu or cuda[:N]. Default: cuda when available.")
-@click.option(
-    "--dtype",
-    type=click.Choice(sorted(DTYPES)),
-    default=None,
-    help="Weight (and activation) dtype. Default: bf16 on a GPU and on CPUs with native BF16 (avx512_bf16 / "
-    "AMX), where it is the faster; fp32 on other CPUs.",
-)
+@dtype_option(what="Weight (and activation) dtype")
 @click.option(
     "--contexts",
     default=None,
@@ -185,11 +172,8 @@ def step_method(graphs: bool, compiled: bool) -> str:
     show_default=True,
     help="Timed generations per configuration (after one untimed warm-up).",
 )
-@click.option(
-    "--quant",
-    type=click.Choice([NO_QUANT, *PLANS]),
-    default=None,
-    help="Quantise the synthetic model in memory with this plan (docs/INT4.md) and run it through the kernel "
+@quant_option(
+    "Quantise the synthetic model in memory with this plan (docs/INT4.md) and run it through the kernel "
     f"registry. Default: {NO_QUANT} on the CPU, default on a GPU. An artifact given as --weights has its own.",
 )
 @click.option(
@@ -201,13 +185,7 @@ def step_method(graphs: bool, compiled: bool) -> str:
     "then the shipped defaults) or a variant name such as 'reference' or 'triton' (used for every "
     "operation that has it). Needs quantised weights.",
 )
-@click.option(
-    "--memory-cap-gib",
-    type=float,
-    default=None,
-    help="The engine plans and runs under this cap (GPU: allocator cap; CPU: RSS); a context that cannot fit "
-    "is refused before loading. Default: 32 on a GPU, 16 on the CPU.",
-)
+@memory_cap_option()
 @click.option(
     "--prefill-chunk",
     type=click.IntRange(1),
@@ -240,11 +218,11 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
     if weights is None:
         synthetic = synthetic or ("full" if on_gpu else "small")
         quant = quant or ("default" if on_gpu else NO_QUANT)
-    dtype_name = dtype or default_dtype_name(device)
+    dtype_name, torch_dtype = resolve_dtype(dtype, device)
     context_list = positive_ints(contexts or ("17,1024,8192,32768" if on_gpu else "17,256,1024"))
     batch_list = positive_ints(batches)
     gen_tokens = gen_tokens or (64 if on_gpu else 32)
-    cap = memory_cap_gib if memory_cap_gib is not None else (32.0 if on_gpu else 16.0)
+    cap = memory_cap_gib if memory_cap_gib is not None else default_cap_gib(device)
     quantised = quant not in (None, NO_QUANT) or (weights is not None and (weights / MANIFEST_NAME).is_file())
     selections = _kernel_selections(kernel_selections, quantised, device)
 
@@ -261,7 +239,7 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
             quant=None if quant == NO_QUANT else quant,
             kernels=named_choices(selections[0]),
             device=device,
-            dtype=DTYPES[dtype_name],
+            dtype=torch_dtype,
             memory_cap_gib=cap,
             max_context=max(context_list) + gen_tokens,
             prefill_chunk=prefill_chunk,

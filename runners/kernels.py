@@ -23,11 +23,13 @@ from pathlib import Path
 import click
 import torch
 
+from engine.cli_options import synthetic_option
 from engine.kernels import registry
 from engine.kernels.cases import CASES
 from engine.kernels.equivalence import check_all
 from engine.kernels.triton_gemv import triton_unavailable
 from engine.model import preset
+from engine.model.presets import PRESETS
 from harness.receipt import write_receipt
 from runners import gpu_check
 from runners.bandwidth import copy_bandwidth_gbs
@@ -151,15 +153,20 @@ def measure_cpu(
 
 
 @click.command("kernels")
-@click.option(
-    "--preset",
-    "preset_name",
-    type=click.Choice(["tiny", "small", "wide", "full"]),
-    default=None,
-    help="Shapes of this configuration. Default: full (Kimi-Linear-48B) on a GPU, tiny on the CPU "
-    "(the interpreter takes about a second per call at small).",
+@synthetic_option(
+    "Kernel shapes of this synthetic model. Default: full (Kimi-Linear-48B) on a GPU, tiny on the CPU "
+    "(the interpreter takes about a second per call at small)."
 )
-@click.option("--group-size", type=click.IntRange(16), default=32, show_default=True)
+@click.option(
+    "--preset", "legacy_preset", type=click.Choice(list(PRESETS)), hidden=True, deprecated="use --synthetic"
+)
+@click.option(
+    "--group-size",
+    type=click.IntRange(16),
+    default=32,
+    show_default=True,
+    help="INT4/INT8 quantisation group size of the packed weights.",
+)
 @click.option(
     "--batches", default=None, help="Batch sizes, comma-separated. Default: 1,8 on a GPU, 1 on the CPU."
 )
@@ -179,9 +186,20 @@ def measure_cpu(
 @results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def kernels_command(
-    preset_name, group_size, batches, ops, repeats, threads, copy_mib, device, results, no_regenerate
+    synthetic,
+    legacy_preset,
+    group_size,
+    batches,
+    ops,
+    repeats,
+    threads,
+    copy_mib,
+    device,
+    results,
+    no_regenerate,
 ) -> None:
     """Every kernel variant against its reference: equivalence, time, achieved GB/s and % of copy bandwidth."""
+    preset_name = synthetic or legacy_preset
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     op_list = [o.strip() for o in ops.split(",") if o.strip()] if ops else None
     known = {op.name for op in registry.operations()}

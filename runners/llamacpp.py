@@ -26,6 +26,7 @@ from pathlib import Path
 import click
 import torch
 
+from engine.cli_options import DTYPES, dtype_option, resolve_dtype, synthetic_option
 from engine.gguf_export import export_gguf
 from engine.model import preset
 from engine.quant import build_artifact, make_plan
@@ -34,7 +35,7 @@ from engine.synth import write_synthetic_checkpoint
 from harness.hardware import REPO_ROOT
 from harness.receipt import write_receipt
 from runners import gguf_requantize
-from runners.decode import DTYPES, default_dtype_name, measure, step_method
+from runners.decode import measure, step_method
 from runners.llamacpp_server import completion_timings, running_server
 from runners.llamacpp_tools import Tools, ensure_tools
 from runners.options import results_option
@@ -251,12 +252,10 @@ def _llama_notes(gguf_type: str, kind: str, dtype: str) -> str:
 
 
 @click.command("llamacpp")
-@click.option(
-    "--synthetic",
-    type=click.Choice(["tiny", "small", "wide"]),
+@synthetic_option(
+    "Synthetic model, built once as a checkpoint and its GGUF files.",
+    choices=("tiny", "small", "wide"),
     default="small",
-    show_default=True,
-    help="Synthetic model.",
 )
 @click.option(
     "--prompt", "prompt_len", type=click.IntRange(1), default=128, show_default=True, help="Prompt tokens."
@@ -274,19 +273,14 @@ def _llama_notes(gguf_type: str, kind: str, dtype: str) -> str:
     "--types", default=",".join(GGUF_TYPES), show_default=True, help="GGUF types to run, comma-separated."
 )
 @click.option("--device", default=None, help="Our engine's device. Default: cuda when available.")
-@click.option(
-    "--dtype",
-    type=click.Choice(sorted(DTYPES)),
-    default=None,
-    help="Our engine's dtype. Default: bf16 on a GPU and on CPUs with native BF16, else fp32.",
-)
+@dtype_option(what="Our engine's dtype")
 @click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights and the prompt.")
 @click.option(
     "--models",
     "models_dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=MODELS,
-    show_default=True,
+    show_default=".cache/llamacpp-models of this checkout",
     help="Where the checkpoint and GGUF files are built and reused.",
 )
 @results_option
@@ -300,7 +294,7 @@ def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device
             f"expected some of {', '.join(GGUF_TYPES)}, got {types!r}", param_hint="--types"
         )
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = dtype or default_dtype_name(device)
+    dtype = resolve_dtype(dtype, device)[0]
     threads = apply_threads(threads)
     tools = ensure_tools()
     gpu_layers = 999 if tools.cuda else 0

@@ -25,9 +25,10 @@ import torch
 from engine.gguf_export import export_gguf
 from engine.model import Checkpoint, Tokenizer
 from engine.training.cli import HELDOUT_TEXT
-from harness.receipt import RESULTS_DIR, write_receipt
+from harness.receipt import write_receipt
 from runners.accuracy import WEIGHTS_LABELS, text_sequences, weights_kind
 from runners.gguf_requantize import tensor_types
+from runners.options import results_option
 from runners.regenerate import regenerate
 
 # name -> llama.cpp file type (llama_ftype), F16 = the exported file itself
@@ -80,7 +81,7 @@ def sequence_nll(llama_cpp, path: Path, windows: torch.Tensor, threads: int) -> 
 @click.option("--sequences", type=click.IntRange(1), default=8, show_default=True, help="Evaluation windows.")
 @click.option("--seq-len", type=click.IntRange(2), default=128, show_default=True, help="Tokens per window.")
 @click.option("--threads", type=click.IntRange(1), default=2, show_default=True, help="llama.cpp threads.")
-@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
+@results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def llamacpp_quality_command(
     weights, types, text, sequences, seq_len, threads, results, no_regenerate

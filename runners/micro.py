@@ -73,7 +73,8 @@ def run_benchmarks(
               help="Separate pytest runs; their spread is the run-to-run noise the gate allows for.")  # fmt: skip
 @click.option("--max-time", type=click.FloatRange(0, min_open=True), default=0.05, show_default=True,
               help="Seconds pytest-benchmark spends on each case per run (more rounds: tighter medians).")  # fmt: skip
-@click.option("--min-rounds", type=click.IntRange(1), default=20, show_default=True)
+@click.option("--min-rounds", type=click.IntRange(1), default=20, show_default=True,
+              help="Fewest rounds pytest-benchmark times of each case per run, however long they take.")  # fmt: skip
 @click.option("-k", "select", default=None, help="pytest -k expression to run some cases only (e.g. k3).")
 @results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
@@ -167,8 +168,8 @@ def _best(receipt: dict) -> float:
               help="Separate runs of the cases; each case is judged on its best run.")  # fmt: skip
 @click.option("--max-time", type=click.FloatRange(0, min_open=True), default=0.05, show_default=True,
               help="Seconds per case per run.")  # fmt: skip
-@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True,
-              help="Where the committed baseline receipts are.")  # fmt: skip
+@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR,
+              show_default="results/ of this checkout", help="Where the committed baseline receipts are.")  # fmt: skip
 def micro_gate_command(floor_pct, noise_factor, alpha, runs, max_time, results) -> None:  # fmt: skip
     """CI gate: a short run of the k3 microbenchmarks against the committed `micro` receipts."""
     from harness.hardware import describe

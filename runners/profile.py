@@ -14,9 +14,9 @@ import time
 import click
 import torch
 
+from engine.cli_options import dtype_option, quant_option, quant_plan, resolve_dtype, synthetic_option
 from engine.runtime import Engine
 from harness.receipt import write_receipt
-from runners.decode import DTYPES, default_dtype_name
 from runners.options import results_option
 from runners.outcome import report
 from runners.regenerate import regenerate
@@ -92,24 +92,11 @@ def profile_steps(engine: Engine, context: int, steps: int, seed: int) -> dict[s
 
 
 @click.command("profile")
-@click.option(
-    "--synthetic",
-    type=click.Choice(["tiny", "small", "wide", "full"]),
-    default=None,
-    help="Synthetic model. Default: small on the CPU, full on a GPU.",
-)
+@synthetic_option("Synthetic model (no download). Default: small on the CPU, full on a GPU.")
 @click.option("--device", default=None, help="cpu or cuda[:N]. Default: cuda when available.")
-@click.option(
-    "--dtype",
-    type=click.Choice(sorted(DTYPES)),
-    default=None,
-    help="Default: bf16 on a GPU and on CPUs with native BF16, else fp32.",
-)
-@click.option(
-    "--quant",
-    default=None,
-    help="Quantisation plan (e.g. default). Default: none on the CPU, default on a GPU.",
-)
+@dtype_option(what="Weight (and activation) dtype")
+@quant_option("Quantise the synthetic model in memory with this plan (docs/INT4.md). Default: none on the CPU, "
+              "default on a GPU.")  # fmt: skip
 @click.option(
     "--context",
     type=click.IntRange(1),
@@ -127,13 +114,13 @@ def profile_command(synthetic, device, dtype, quant, context, steps, threads, se
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.startswith("cuda")
     synthetic = synthetic or ("full" if on_gpu else "small")
-    dtype = dtype or default_dtype_name(device)
-    quant = quant if quant is not None else ("default" if on_gpu else None)
+    dtype, torch_dtype = resolve_dtype(dtype, device)
+    quant = quant_plan(quant) if quant is not None else ("default" if on_gpu else None)
     threads = apply_threads(threads)
     click.echo(
         f"building synthetic '{synthetic}' ({dtype}, quant {quant or 'none'}) on {device} ...", err=True
     )
-    engine = Engine.load(synthetic=synthetic, seed=seed, quant=quant, device=device, dtype=DTYPES[dtype],
+    engine = Engine.load(synthetic=synthetic, seed=seed, quant=quant, device=device, dtype=torch_dtype,
                          max_context=context + steps + 1, cuda_graphs=False, prefix_cache_gib=0)  # fmt: skip
     try:
         samples = profile_steps(engine, context, steps, seed)

@@ -329,7 +329,7 @@ GATED = ("asgi.anthropic.json", "asgi.anthropic.stream", "asgi.responses.stream"
     "--results",
     type=click.Path(path_type=Path),
     default=RESULTS_DIR,
-    show_default=True,
+    show_default="results/ of this checkout",
     help="Where the committed baseline receipts are.",
 )
 def proxy_gate_command(max_regression, max_regression_sockets, iterations, load_floor, load_seconds,

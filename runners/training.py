@@ -14,7 +14,8 @@ import torch
 from engine.model.loading import TRAINING_RECORD
 from engine.training.cli import CACHE_DIR, trained_checkpoint
 from engine.training.trainer import DEFAULT_RECIPES, recipe_for
-from harness.receipt import RESULTS_DIR, write_receipt
+from harness.receipt import write_receipt
+from runners.options import results_option
 from runners.regenerate import regenerate
 
 
@@ -22,15 +23,17 @@ from runners.regenerate import regenerate
 @click.option("--config", "preset_name", type=click.Choice(sorted(DEFAULT_RECIPES)), default="tiny",
               show_default=True, help="Model size.")  # fmt: skip
 @click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps (default per preset).")
-@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed of the initialisation and batches."
+)
 @click.option(
     "--threads", type=click.IntRange(1), default=1, show_default=True, help="CPU threads for torch."
 )
 @click.option("--corpus", "corpus_root", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Train on the .py files under this directory instead of the standard library.")  # fmt: skip
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=CACHE_DIR,
-              show_default=True, help="Cache of trained checkpoints (kimi-engine train's).")  # fmt: skip
-@click.option("--results", type=click.Path(path_type=Path), default=RESULTS_DIR, show_default=True)
+              show_default=".cache/training of this checkout", help="Cache of trained checkpoints (kimi-engine train's).")  # fmt: skip
+@results_option
 @click.option("--no-regenerate", is_flag=True, help="Write the receipt only; skip RESULTS.md and figures.")
 def training_command(
     preset_name, steps, seed, threads, corpus_root, cache_dir, results, no_regenerate

@@ -21,6 +21,7 @@ from engine.kernels.registry import (
     resolve,
     select,
     unavailable_reason,
+    unused_env_entries,
 )
 
 __all__ = [
@@ -40,4 +41,5 @@ __all__ = [
     "resolve",
     "select",
     "unavailable_reason",
+    "unused_env_entries",
 ]

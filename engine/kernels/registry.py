@@ -8,7 +8,7 @@ cannot run on the device raises :class:`KernelUnavailable` with the reason; noth
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -174,6 +174,14 @@ def env_selection(value: str | None = None) -> dict[str, str]:
             raise KernelSelectionError(f"{ENV_VAR} selects two variants for {op}")
         chosen[op] = name
     return chosen
+
+
+def unused_env_entries(bound_ops: Iterable[str], chosen: dict[str, str] | None = None) -> list[str]:
+    """The ``KIMI_KERNELS`` entries (``op=variant``; ``chosen``: already parsed) naming an operation outside
+    ``bound_ops``, the operations a loaded model calls (none for dense weights): they select nothing."""
+    bound = set(bound_ops)
+    chosen = env_selection() if chosen is None else chosen
+    return [f"{op}={name}" for op, name in chosen.items() if op not in bound]
 
 
 def select(op: str, variant_name: str | None = None, device: torch.device | str | None = None) -> Selection:

@@ -32,7 +32,8 @@ Plans: {_plan_help()}.""",
 )
 @click.argument("src", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("dst", type=click.Path(path_type=Path))
-@click.option("--plan", "plan_name", type=click.Choice(list(PLANS)), default="default", show_default=True)
+@click.option("--plan", "plan_name", type=click.Choice(list(PLANS)), default="default", show_default=True,
+              help="Quantisation plan: which tensors become INT4/INT8 and at what group size (docs/INT4.md).")  # fmt: skip
 @click.option("--group-size", type=int, help="Inputs per scale (power of two >= 16; plan default 32).")
 @click.option("--lm-head", type=click.Choice(HEAD_PRECISIONS), help="Override the plan's LM head precision.")
 @click.option("--scale-dtype", type=click.Choice(sorted(SCALE_DTYPES)), help="Override the scale dtype.")

@@ -12,6 +12,7 @@ it returns True → `next_token` per token → `release`.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from engine.kernels import KernelUnavailable
+from engine.kernels import ENV_VAR, KernelSelectionError, KernelUnavailable, env_selection, unused_env_entries
 from engine.model import CheckpointError, ConfigError, KimiLinearForCausalLM, SamplingParams, Tokenizer
 from engine.model.dtypes import default_dtype
 from engine.model.mla import MultiheadLatentAttention
@@ -51,7 +52,9 @@ LOAD_ERRORS = (
     ConfigError,
     ArtifactError,
     KernelUnavailable,
+    KernelSelectionError,
 )
+log = logging.getLogger("engine.runtime")
 
 FIRST_CACHE_EXTRA_TOKENS = 512  # a new sequence's first cache holds the prompt plus this much output
 DEFAULT_PREFILL_CHUNK = 2048
@@ -157,6 +160,7 @@ class Engine:
         device's shipped default. Prefix snapshots get `prefix_cache_gib` (default 4 on a GPU, in host
         memory outside the cap; 1 on the CPU, inside it; 0 turns the prefix cache off).
         """
+        env_kernels = env_selection()  # a KIMI_KERNELS typo is refused before anything is read, dense or not
         source = open_model_source(weights=weights, synthetic=synthetic, seed=seed, quant=quant)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         step = check_step(step) if step is not None else default_step(device.type)
@@ -185,7 +189,7 @@ class Engine:
             prefix_cache_bytes=0 if on_gpu else prefix_bytes,
             scores_materialized=not on_gpu,
         )
-        if not on_gpu and memory_cap_gib is None:
+        if not on_gpu:  # also under a cap: one larger than the machine's RAM does not make the plan fit
             check_ram(plan)
         cap = MemoryCap(memory_cap_gib, device=str(device), poll_s=0.1)
         cap.__enter__()
@@ -195,6 +199,12 @@ class Engine:
         except BaseException:
             cap.__exit__(None, None, None)
             raise
+        bound = kernel_variants(model)
+        if unused := unused_env_entries(bound, env_kernels):
+            log.warning(
+                "%s entries %s select nothing: %s", ENV_VAR, ", ".join(unused),
+                f"these weights call {', '.join(bound)}" if bound else "these weights are dense (no packed kernels)",
+            )  # fmt: skip
         prepare_for_inference(model)
         use_kda_kernel(model, kernel)
         prefix = PrefixCache(prefix_bytes, device="cpu" if on_gpu else device) if prefix_bytes > 0 else None

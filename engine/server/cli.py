@@ -8,16 +8,20 @@ from pathlib import Path
 
 import click
 
+from engine.cli_options import (
+    dtype_option,
+    memory_cap_option,
+    quant_option,
+    quant_plan,
+    resolve_dtype,
+    synthetic_option,
+)
 from engine.kernels import DEFAULT_SELECTION
-from engine.model.presets import PRESETS
-from engine.quant.plan import PLANS
 from engine.runtime.compiled import step_option
 from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
 from engine.runtime.kda_kernels import KDA_KERNELS
+from harness.caps import default_cap_gib
 from harness.logs import configure_logging, log_format_option
-
-DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "float32": "float32"}
-DEFAULT_GPU_CAP_GIB = 32.0
 
 
 @click.command("serve")
@@ -27,26 +31,22 @@ DEFAULT_GPU_CAP_GIB = 32.0
     help="Checkpoint directory (Hugging Face layout, real or from `kimi-engine synth`), or an INT4 artifact "
     "from `kimi-engine quantize` (recognised by its manifest.json; served with the packed kernels).",
 )
-@click.option(
-    "--synthetic",
-    type=click.Choice(sorted(PRESETS)),
-    help="Random weights of this size, built in memory (no download). Default: tiny, when --weights is not given.",
+@synthetic_option(
+    "Random weights of this size, built in memory (no download). Default: tiny, when --weights is not given."
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the synthetic weights.")
-@click.option(
-    "--quant",
-    type=click.Choice(list(PLANS)),
-    help="Quantise the synthetic weights in memory with this plan (docs/INT4.md), one tensor at a time on the "
+@quant_option(
+    "Quantise the synthetic weights in memory with this plan (docs/INT4.md), one tensor at a time on the "
     "device, and serve them with the packed kernels. For a checkpoint, build an artifact with `kimi-engine "
-    "quantize` instead.",
+    "quantize` instead. Default: none.",
 )
 @click.option(
     "--kernels",
     "kernel_selection",
     default=DEFAULT_SELECTION,
     show_default=True,
-    help="Kernels of quantised weights: 'default' (KIMI_KERNELS, then the shipped defaults: Triton on CUDA, "
-    "reference on the CPU) or a variant name such as 'reference' or 'triton' for every operation that has it.",
+    help="Kernels of quantised weights: 'default' (KIMI_KERNELS, then the shipped defaults of "
+    "engine/kernels/defaults.py) or a variant name such as 'reference' or 'triton' for every operation that has it.",
 )
 @click.option(
     "--verify/--no-verify",
@@ -57,19 +57,8 @@ DEFAULT_GPU_CAP_GIB = 32.0
 @click.option(
     "--device", default="auto", show_default=True, help="cuda, cuda:N or cpu; auto picks CUDA if present."
 )
-@click.option(
-    "--dtype",
-    type=click.Choice(["auto", *DTYPES]),
-    default="auto",
-    show_default=True,
-    help="Weights and activations; auto is bfloat16 on a GPU and on CPUs with native BF16 "
-    "(avx512_bf16 / AMX), float32 on other CPUs.",
-)
-@click.option(
-    "--memory-cap-gib",
-    type=click.FloatRange(min=0, min_open=True),
-    help=f"Memory cap (GPU allocator, or resident memory on the CPU). Default: {DEFAULT_GPU_CAP_GIB:g} on a GPU, none on the CPU.",
-)
+@dtype_option()
+@memory_cap_option("Memory the weights, one --max-context sequence and the workspaces are planned under")
 @click.option(
     "--max-context",
     type=click.IntRange(min=2),
@@ -206,8 +195,8 @@ def serve_command(
     )
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise click.UsageError("--device cuda but CUDA is not available")
-    if memory_cap_gib is None and resolved.type == "cuda":
-        memory_cap_gib = DEFAULT_GPU_CAP_GIB
+    if memory_cap_gib is None:
+        memory_cap_gib = default_cap_gib(resolved.type)
     try:
         kernels = named_choices(kernel_selection)
     except KernelSelectionError as e:
@@ -217,11 +206,11 @@ def serve_command(
             weights=weights,
             synthetic=synthetic,
             seed=seed,
-            quant=quant,
+            quant=quant_plan(quant),
             kernels=kernels,
             verify=verify,
             device=resolved,
-            dtype=None if dtype == "auto" else getattr(torch, DTYPES[dtype]),
+            dtype=resolve_dtype(dtype, resolved)[1],
             memory_cap_gib=memory_cap_gib,
             max_context=max_context,
             prefill_chunk=prefill_chunk,

@@ -137,7 +137,7 @@ def _train_into(recipe: Recipe, corpus: Corpus, tokenizer: Tokenizer, out: Path,
     "--cache-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=CACHE_DIR,
-    show_default=True,
+    show_default=".cache/training of this checkout",
     help="Where trained checkpoints and the encoded corpus are cached, keyed by recipe.",
 )
 def train_command(

@@ -3,6 +3,7 @@ import torch
 from click.testing import CliRunner
 
 import runners.decode as decode_runner
+from engine.cli_options import default_dtype_name
 from engine.kernels.defaults import SHIPPED_DEFAULTS
 from engine.quant import decode_bytes_per_token, make_plan
 from engine.runtime import Engine, open_model_source
@@ -10,7 +11,7 @@ from engine.runtime.decode import DecodeRunner
 from harness.receipt import load_receipt, receipt_paths
 from runners.bandwidth import copy_bandwidth_gbs
 from runners.cli import main
-from runners.decode import WARMUP_TOKENS, default_dtype_name, measure
+from runners.decode import WARMUP_TOKENS, measure
 from runners.roofline import state_bytes_per_token, weight_bytes_per_token
 from tests.runtime.runtime_support import write_tiny_artifact
 

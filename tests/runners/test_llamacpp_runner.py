@@ -6,11 +6,11 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
+from engine.cli_options import default_dtype_name
 from engine.kernels.defaults import SHIPPED_DEFAULTS
 from harness import figures
 from harness.receipt import load_receipt, receipt_paths
 from runners.cli import main
-from runners.decode import default_dtype_name
 from runners.gguf_requantize import QUANTISED, requantize_q4_0, tensor_types
 from runners.llamacpp import INT4, engine_runs, prepare_models
 from runners.llamacpp_tools import build_dir

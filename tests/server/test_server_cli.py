@@ -138,5 +138,8 @@ def test_every_cli_has_a_version():
 
 
 def test_a_model_larger_than_this_machines_ram_is_refused_before_allocating():
-    result = CliRunner().invoke(main, ["serve", "--synthetic", "full", "--device", "cpu"])
+    # A cap above the RAM (the default cap, 16 GiB, would refuse it first) does not make it fit.
+    result = CliRunner().invoke(
+        main, ["serve", "--synthetic", "full", "--device", "cpu", "--memory-cap-gib", "1e6"]
+    )
     assert result.exit_code == 1 and "GiB of RAM" in result.output and "Traceback" not in result.output

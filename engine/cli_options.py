@@ -1,0 +1,94 @@
+"""Options shared by the command lines that load the engine (`kimi-engine serve` and the runners decode,
+profile, accuracy, llamacpp, kernels): each spelled, described and defaulted once.
+
+Dtypes are spelled bf16, fp16, fp32 everywhere (the receipts', the quantiser's --scale-dtype and llama.cpp's
+spelling); PyTorch's and vLLM's bfloat16, float16, float32 (and half, float) are accepted as aliases.
+Model sizes are `--synthetic PRESET` everywhere, and `--quant` is a choice of the plans or `none`.
+"""
+
+from __future__ import annotations
+
+import click
+import torch
+
+from engine.model.dtypes import default_dtype
+from engine.model.presets import PRESETS
+from engine.quant.plan import PLANS
+from harness.caps import default_cap_gib
+
+AUTO = "auto"
+NO_QUANT = "none"
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+DTYPE_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
+AUTO_DTYPE = "auto: bf16 on a GPU and on CPUs with native BF16 (avx512_bf16 / AMX), fp32 on other CPUs"
+
+
+class AliasedChoice(click.Choice):
+    """A choice that also takes aliases, converted to their canonical name; --help lists the canonical ones."""
+
+    def __init__(self, choices: list[str], aliases: dict[str, str]):
+        super().__init__(choices, case_sensitive=False)
+        self.aliases = aliases
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, str):
+            value = self.aliases.get(value.lower(), value)
+        return super().convert(value, param, ctx)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The option spelling of a torch dtype."""
+    return next(name for name, known in DTYPES.items() if known == dtype)
+
+
+def default_dtype_name(device: torch.device | str) -> str:
+    """The spelling of the engine's default dtype on `device` (engine.model.dtypes.default_dtype)."""
+    return dtype_name(default_dtype(device))
+
+
+def resolve_dtype(name: str, device: torch.device | str) -> tuple[str, torch.dtype]:
+    """(spelling, torch dtype) of a --dtype value; auto is the engine's default on `device`."""
+    name = default_dtype_name(device) if name == AUTO else name
+    return name, DTYPES[name]
+
+
+def dtype_option(default: str = AUTO, what: str = "Weights and activations"):
+    """`--dtype auto|bf16|fp16|fp32`."""
+    return click.option(
+        "--dtype",
+        type=AliasedChoice([AUTO, *DTYPES], DTYPE_ALIASES),
+        default=default,
+        show_default=True,
+        help=f"{what}; {AUTO_DTYPE}. Also accepted: bfloat16, float16 (half), float32 (float).",
+    )
+
+
+def synthetic_option(help: str, choices: tuple[str, ...] = tuple(PRESETS), default: str | None = None):
+    """`--synthetic PRESET`: random weights of a preset's shapes, built in memory (no download)."""
+    return click.option(
+        "--synthetic",
+        type=click.Choice(list(choices)),
+        default=default,
+        show_default=default is not None,
+        help=help,
+    )
+
+
+def quant_option(help: str):
+    """`--quant PLAN|none` (docs/INT4.md); `quant_plan` turns `none` into None."""
+    return click.option("--quant", type=click.Choice([NO_QUANT, *PLANS]), default=None, help=help)
+
+
+def quant_plan(quant: str | None) -> str | None:
+    return None if quant in (None, NO_QUANT) else quant
+
+
+def memory_cap_option(what: str = "The engine plans and runs under this cap"):
+    """`--memory-cap-gib`; the default per device is harness.caps.default_cap_gib's."""
+    return click.option(
+        "--memory-cap-gib",
+        type=click.FloatRange(min=0, min_open=True),
+        default=None,
+        help=f"{what} (GPU: allocator cap; CPU: resident memory); a context that cannot fit is refused before "
+        f"loading. Default: {default_cap_gib('cuda'):g} on a GPU, {default_cap_gib('cpu'):g} on the CPU.",
+    )
