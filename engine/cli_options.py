@@ -14,6 +14,7 @@ import torch
 from engine.model.dtypes import default_dtype
 from engine.model.presets import PRESETS
 from engine.quant.plan import PLANS
+from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
 from harness.caps import default_cap_gib
 
 AUTO = "auto"
@@ -92,3 +93,37 @@ def memory_cap_option(what: str = "The engine plans and runs under this cap"):
         help=f"{what} (GPU: allocator cap; CPU: resident memory); a context that cannot fit is refused before "
         f"loading. Default: {default_cap_gib('cuda'):g} on a GPU, {default_cap_gib('cpu'):g} on the CPU.",
     )
+
+
+def device_option(what: str = "Where the model runs"):
+    """`--device auto|cpu|cuda|cuda:N`; `resolve_device` turns it into a device name."""
+    return click.option(
+        "--device",
+        default=AUTO,
+        show_default=True,
+        help=f"{what}: cpu, cuda or cuda:N; auto: cuda when available.",
+    )
+
+
+def resolve_device(name: str) -> str:
+    """The device a --device value names; a CUDA device that is not there is a usage error."""
+    if name == AUTO:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise click.BadParameter("no CUDA device is visible", param_hint="--device")
+    return name
+
+
+prefill_chunk_option = click.option(
+    "--prefill-chunk",
+    type=click.IntRange(min=1),
+    default=DEFAULT_PREFILL_CHUNK,
+    show_default=True,
+    help="Prompt tokens per prefill step (bounds prefill memory).",
+)
+cuda_graphs_option = click.option(
+    "--cuda-graphs/--no-cuda-graphs",
+    default=True,
+    show_default=True,
+    help="Replay each decode step as a CUDA graph (GPU only).",
+)

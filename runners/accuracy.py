@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 import torch
 
-from engine.cli_options import dtype_option, resolve_dtype, synthetic_option
+from engine.cli_options import device_option, dtype_option, resolve_device, resolve_dtype, synthetic_option
 from engine.model import Checkpoint, KimiLinearForCausalLM, Tokenizer, load_model, preset, sample
 from engine.model.checkpoint_spec import checkpoint_tensors
 from engine.quant import PLANS, make_plan
@@ -232,7 +232,7 @@ def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype
     show_default=True,
     help="Greedy tokens generated per prompt, compared token for token.",
 )
-@click.option("--device", default=None, help="cpu or cuda[:N]. Default: cuda when available.")
+@device_option()
 @dtype_option(
     default="fp32", what="Model dtype (fp32 holds dequantised values exactly; bf16 rounds them once more)"
 )
@@ -245,7 +245,7 @@ def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype
 def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text, prompts, prompt_len,
                      greedy_tokens_n, device, dtype, threads, seed, results, no_regenerate) -> None:  # fmt: skip
     """Quantised against unquantised model: KL, top-1, perplexity, greedy identity, router agreement."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device)
     candidates = _plans(plans, positive_ints(groups))
     if prompts > sequences or prompt_len >= seq_len:
         raise click.BadParameter(

@@ -24,9 +24,13 @@ import torch
 
 from engine.cli_options import (
     NO_QUANT,
+    cuda_graphs_option,
+    device_option,
     dtype_option,
     memory_cap_option,
+    prefill_chunk_option,
     quant_option,
+    resolve_device,
     resolve_dtype,
     synthetic_option,
 )
@@ -35,7 +39,6 @@ from engine.model import SamplingParams, SequenceCache
 from engine.quant.manifest import MANIFEST_NAME
 from engine.runtime import LOAD_ERRORS, Engine
 from engine.runtime.compiled import step_option
-from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
 from harness.caps import MemoryCap, default_cap_gib
 from harness.receipt import write_receipt
 from runners.bandwidth import copy_bandwidth_gbs
@@ -151,7 +154,7 @@ def step_method(graphs: bool, compiled: bool) -> str:
     default=None,
     help="Measure this checkpoint or INT4 artifact (from `kimi-engine quantize`) instead of a synthetic model.",
 )
-@click.option("--device", default=None, help="cpu or cuda[:N]. Default: cuda when available.")
+@device_option()
 @dtype_option(what="Weight (and activation) dtype")
 @click.option(
     "--contexts",
@@ -186,19 +189,8 @@ def step_method(graphs: bool, compiled: bool) -> str:
     "operation that has it). Needs quantised weights.",
 )
 @memory_cap_option()
-@click.option(
-    "--prefill-chunk",
-    type=click.IntRange(1),
-    default=DEFAULT_PREFILL_CHUNK,
-    show_default=True,
-    help="Prompt tokens per prefill step, as in `kimi-engine serve`.",
-)
-@click.option(
-    "--cuda-graphs/--no-cuda-graphs",
-    default=True,
-    show_default=True,
-    help="Replay each decode step as a CUDA graph (GPU only), as the server does.",
-)
+@prefill_chunk_option
+@cuda_graphs_option
 @step_option
 @threads_option("torch")
 @click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights and the prompts.")
@@ -209,10 +201,8 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
                    no_regenerate) -> None:  # fmt: skip
     """Decode tokens/s and TTFT per context length, through the serving runtime, with the bandwidth
     roofline, as receipts."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device)
     on_gpu = device.startswith("cuda")
-    if on_gpu and not torch.cuda.is_available():
-        raise click.BadParameter("no CUDA device is visible", param_hint="--device")
     if weights is not None and (synthetic is not None or quant is not None):
         raise click.UsageError("--weights measures the directory as it is: drop --synthetic and --quant")
     if weights is None:

@@ -174,7 +174,10 @@ def measure_cpu(
 @click.option("--repeats", type=click.IntRange(1), default=5, show_default=True, help="Timed samples (CPU).")
 @threads_option("torch")
 @click.option(
-    "--device", type=click.Choice(["cpu", "cuda"]), default=None, help="Default: cuda when available."
+    "--device",
+    type=click.Choice(["cpu", "cuda"]),
+    default=None,
+    help="Where the kernels run. Default: cuda when available.",
 )
 @click.option(
     "--copy-mib",

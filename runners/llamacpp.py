@@ -26,7 +26,14 @@ from pathlib import Path
 import click
 import torch
 
-from engine.cli_options import DTYPES, dtype_option, resolve_dtype, synthetic_option
+from engine.cli_options import (
+    DTYPES,
+    device_option,
+    dtype_option,
+    resolve_device,
+    resolve_dtype,
+    synthetic_option,
+)
 from engine.gguf_export import export_gguf
 from engine.model import preset
 from engine.quant import build_artifact, make_plan
@@ -272,7 +279,7 @@ def _llama_notes(gguf_type: str, kind: str, dtype: str) -> str:
 @click.option(
     "--types", default=",".join(GGUF_TYPES), show_default=True, help="GGUF types to run, comma-separated."
 )
-@click.option("--device", default=None, help="Our engine's device. Default: cuda when available.")
+@device_option("Where our engine runs")
 @dtype_option(what="Our engine's dtype")
 @click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights and the prompt.")
 @click.option(
@@ -293,7 +300,7 @@ def llamacpp_command(synthetic, prompt_len, gen, repeats, threads, types, device
         raise click.BadParameter(
             f"expected some of {', '.join(GGUF_TYPES)}, got {types!r}", param_hint="--types"
         )
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device)
     dtype = resolve_dtype(dtype, device)[0]
     threads = apply_threads(threads)
     tools = ensure_tools()

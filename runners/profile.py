@@ -14,7 +14,15 @@ import time
 import click
 import torch
 
-from engine.cli_options import dtype_option, quant_option, quant_plan, resolve_dtype, synthetic_option
+from engine.cli_options import (
+    device_option,
+    dtype_option,
+    quant_option,
+    quant_plan,
+    resolve_device,
+    resolve_dtype,
+    synthetic_option,
+)
 from engine.runtime import Engine
 from harness.receipt import write_receipt
 from runners.options import results_option
@@ -93,7 +101,7 @@ def profile_steps(engine: Engine, context: int, steps: int, seed: int) -> dict[s
 
 @click.command("profile")
 @synthetic_option("Synthetic model (no download). Default: small on the CPU, full on a GPU.")
-@click.option("--device", default=None, help="cpu or cuda[:N]. Default: cuda when available.")
+@device_option()
 @dtype_option(what="Weight (and activation) dtype")
 @quant_option("Quantise the synthetic model in memory with this plan (docs/INT4.md). Default: none on the CPU, "
               "default on a GPU.")  # fmt: skip
@@ -111,7 +119,7 @@ def profile_steps(engine: Engine, context: int, steps: int, seed: int) -> dict[s
 @click.option("--no-regenerate", is_flag=True, help="Write the receipt only; skip RESULTS.md and figures.")
 def profile_command(synthetic, device, dtype, quant, context, steps, threads, seed, results, no_regenerate):  # fmt: skip
     """Split of a decode step's time by model component, as a receipt (the decode time split figure)."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = resolve_device(device)
     on_gpu = device.startswith("cuda")
     synthetic = synthetic or ("full" if on_gpu else "small")
     dtype, torch_dtype = resolve_dtype(dtype, device)

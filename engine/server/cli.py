@@ -9,16 +9,19 @@ from pathlib import Path
 import click
 
 from engine.cli_options import (
+    cuda_graphs_option,
+    device_option,
     dtype_option,
     memory_cap_option,
+    prefill_chunk_option,
     quant_option,
     quant_plan,
+    resolve_device,
     resolve_dtype,
     synthetic_option,
 )
 from engine.kernels import DEFAULT_SELECTION
 from engine.runtime.compiled import step_option
-from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
 from engine.runtime.kda_kernels import KDA_KERNELS
 from harness.caps import default_cap_gib
 from harness.logs import configure_logging, log_format_option
@@ -54,9 +57,7 @@ from harness.logs import configure_logging, log_format_option
     show_default=True,
     help="Re-hash an INT4 artifact's shards and self-check a sample before loading it.",
 )
-@click.option(
-    "--device", default="auto", show_default=True, help="cuda, cuda:N or cpu; auto picks CUDA if present."
-)
+@device_option()
 @dtype_option()
 @memory_cap_option("Memory the weights, one --max-context sequence and the workspaces are planned under")
 @click.option(
@@ -66,13 +67,7 @@ from harness.logs import configure_logging, log_format_option
     show_default=True,
     help="Longest sequence (prompt + output); refused at start-up if it cannot fit under the cap.",
 )
-@click.option(
-    "--prefill-chunk",
-    type=click.IntRange(min=1),
-    default=DEFAULT_PREFILL_CHUNK,
-    show_default=True,
-    help="Prompt tokens per prefill step (bounds prefill memory).",
-)
+@prefill_chunk_option
 @click.option(
     "--max-sequences",
     type=click.IntRange(min=1),
@@ -92,12 +87,7 @@ from harness.logs import configure_logging, log_format_option
     type=click.FloatRange(min=0),
     help="Host memory for prompt-state snapshots (0 turns the prefix cache off). Default: 4 on a GPU, 1 on the CPU.",
 )
-@click.option(
-    "--cuda-graphs/--no-cuda-graphs",
-    default=True,
-    show_default=True,
-    help="Replay decode steps as CUDA graphs (GPU only).",
-)
+@cuda_graphs_option
 @step_option
 @click.option(
     "--kda-kernel",
@@ -188,13 +178,7 @@ def serve_command(
         raise click.UsageError("give --weights or --synthetic, not both")
     if weights is None and synthetic is None:
         synthetic = "tiny"
-    resolved = (
-        torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if device == "auto"
-        else torch.device(device)
-    )
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise click.UsageError("--device cuda but CUDA is not available")
+    resolved = torch.device(resolve_device(device))
     if memory_cap_gib is None:
         memory_cap_gib = default_cap_gib(resolved.type)
     try:
