@@ -1,0 +1,200 @@
+"""`python -m runners serve`: a serving benchmark of any endpoint in the OpenAI Chat, Anthropic Messages
+or OpenAI Responses dialect, streaming, as receipts (suite `serve`; method in docs/METHODS.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import click
+
+from runners.options import chosen, positive_ints, results_option
+from runners.outcome import report
+from runners.regenerate import regenerate
+from runners.serve import datasets
+from runners.serve.dialects import DIALECTS
+from runners.serve.load import Level, LevelResult, Target, run_level
+from runners.serve.metrics import ESTIMATE, TokenCounter, meets, parse_slo
+from runners.serve.receipts import endpoint_facts, first_model, write_level
+
+
+def positive_floats(text: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated numbers, got {text!r}") from None
+    if not values or min(values) <= 0:
+        raise click.BadParameter(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def base_url(endpoint: str) -> str:
+    """`http://host:8000`, `http://host:8000/` or `http://host:8000/v1` -> `http://host:8000`."""
+    url = urlsplit(endpoint)
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise click.BadParameter(f"expected an http(s) URL, got {endpoint!r}", param_hint="--endpoint")
+    return endpoint.rstrip("/").removesuffix("/v1")
+
+
+def levels_of(concurrency: str | None, rate: str | None) -> list[Level]:
+    """Every concurrency × every rate; concurrency alone is a closed loop, rate alone is uncapped."""
+    counts = positive_ints(concurrency) if concurrency else [None]
+    rates = positive_floats(rate) if rate else [None]
+    if counts == [None] and rates == [None]:
+        counts = [1]
+    return [Level(c, r) for r in rates for c in counts]
+
+
+def token_counter(path: Path | None) -> TokenCounter:
+    if path is None:
+        return ESTIMATE
+    from engine.model.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_dir(path)
+    return TokenCounter(f"tokenizer of {path}", lambda text: len(tokenizer.encode(text, allow_special=False)))
+
+
+def run_levels(target: Target, requests: list, levels: list[Level], *, count, duration, warmup, burstiness,
+               seed, counter, slo) -> list[LevelResult]:  # fmt: skip
+    """Every level against one (endpoint, dialect), each with its progress bar and one summary line."""
+    results = []
+    size = count if duration is None else max(1, int(duration))
+    for level in levels:
+        label = f"{target.dialect} {level.label}".ljust(24)
+        with click.progressbar(length=size, label=label, file=click.get_text_stream("stderr")) as bar:
+            start = time.perf_counter()
+
+            def done(_sample, bar=bar, start=start) -> None:  # bound now: the bar of this level
+                if duration is None:
+                    bar.update(1)
+                else:
+                    bar.update(min(size, int(time.perf_counter() - start)) - bar.pos)
+
+            result = asyncio.run(run_level(target, requests, level, count=None if duration else count,
+                                           duration=duration, warmup=warmup, burstiness=burstiness, seed=seed,
+                                           counter=counter, on_done=done))  # fmt: skip
+        results.append(result)
+        _print_level(result, slo)
+    return results
+
+
+def _print_level(result: LevelResult, slo: dict) -> None:
+    good = [s for s in result.samples if s.ok]
+    errors = len(result.samples) - len(good)
+    if not good:
+        first = next((s.error for s in result.samples if s.error), "no requests")
+        click.echo(f"  {result.level.label}: every request failed ({errors}): {first}", err=True)
+        return
+    ttft = sorted(s.ttft_any_ms for s in good if s.ttft_any_ms is not None)
+    tokens = sum(s.output_tokens for s in good)
+    meeting = sum(meets(s, slo) for s in result.samples)
+    click.echo(
+        f"  {result.level.label}: {len(good)} ok, {errors} errors, {tokens / max(result.seconds, 1e-9):.1f} "
+        f"output tok/s, median TTFT {ttft[len(ttft) // 2]:.1f} ms"
+        + (f", {meeting}/{len(result.samples)} within the SLO" if slo else ""),
+        err=True,
+    )
+
+
+@click.command("serve")
+@click.option("--endpoint", help="Base URL of the endpoint (http://host:port or http://host:port/v1).")
+@click.option("--dialect", default="chat", show_default=True,
+              help=f"Wire dialect(s) to drive, comma list: {', '.join(DIALECTS)}.")  # fmt: skip
+@click.option("--model", help="Model name to send. Default: the first id the endpoint's /v1/models lists.")
+@click.option("--label", help="Name of the endpoint in receipt names and figures. Default: host:port.")
+@click.option("--api-key", envvar="SERVE_API_KEY", help="Credential to send (also read from SERVE_API_KEY).")
+@click.option("--concurrency", help="Closed-loop levels: clients in flight, comma list (e.g. 1,4,16). With "
+              "--rate: the cap on requests in flight. Default 1 when neither is given.")  # fmt: skip
+@click.option("--rate", help="Open-loop levels: requests per second, comma list (gamma arrivals, see "
+              "--burstiness).")  # fmt: skip
+@click.option("--burstiness", type=click.FloatRange(0, min_open=True), default=1.0, show_default=True,
+              help="Shape of the gamma inter-arrival times with --rate: 1 is Poisson, <1 burstier, >1 steadier.")  # fmt: skip
+@click.option("--requests", "count", type=click.IntRange(1), default=32, show_default=True,
+              help="Timed requests per level (ignored with --duration).")  # fmt: skip
+@click.option("--duration", type=click.FloatRange(0, min_open=True),
+              help="Seconds per level instead of a request count: requests start until then, and are read to the end.")  # fmt: skip
+@click.option("--warmup", type=click.IntRange(0), default=2, show_default=True,
+              help="Untimed requests before each level.")  # fmt: skip
+@click.option("--dataset", type=click.Choice(datasets.DATASETS), default="random", show_default=True,
+              help="random (fixed lengths), agent (captured coding-agent requests, replayed), jsonl (--dataset-path).")  # fmt: skip
+@click.option("--dataset-path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="The JSONL file of --dataset jsonl, or another rebuilt capture file for --dataset agent.")  # fmt: skip
+@click.option("--input-len", type=click.IntRange(1), default=128, show_default=True,
+              help="Words per random prompt (about one BPE token each).")  # fmt: skip
+@click.option("--output-len", type=click.IntRange(1), default=128, show_default=True,
+              help="Output tokens asked for (max_tokens; also caps agent and JSONL requests).")  # fmt: skip
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of random prompts and arrivals.")
+@click.option("--slo", help="Goodput bounds, e.g. ttft_ms=500,tpot_ms=50 (keys: ttft_ms, ttft_any_ms, "
+              "tpot_ms, e2e_ms): requests/s that succeeded within every bound.")  # fmt: skip
+@click.option("--tokenizer", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              help="Checkpoint directory whose tokenizer counts output tokens when the endpoint reports no "
+              "usage. Default: an estimate of 4 UTF-8 bytes a token (named in the receipt).")  # fmt: skip
+@click.option("--server-hardware", default="", help="What the endpoint runs on (e.g. '8xB300, vLLM 0.19'): a "
+              "remote server's GPUs are not this machine's, whose descriptor the receipt records too.")  # fmt: skip
+@click.option("--timeout", "timeout_s", type=click.FloatRange(0, min_open=True), default=600.0,
+              show_default=True, help="Seconds one request may take before it counts as an error.")  # fmt: skip
+@click.option("--side-by-side", is_flag=True, help="Ignore --endpoint: start our engine and llama-server on "
+              "the same weights, k3 in front of each, and benchmark each directly and through k3 "
+              "(runners/serve/side_by_side.py).")  # fmt: skip
+@click.option("--threads", type=click.IntRange(1), help="With --side-by-side: CPU threads of both engines "
+              "(default: all cores).")  # fmt: skip
+@results_option
+@click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
+def serve_command(endpoint, dialect, model, label, api_key, concurrency, rate, burstiness, count, duration,
+                  warmup, dataset, dataset_path, input_len, output_len, seed, slo, tokenizer, server_hardware,
+                  timeout_s, side_by_side, threads, results, no_regenerate) -> list[Path]:  # fmt: skip
+    """Benchmark a streaming endpoint: TTFT (visible and any token), ITL, TPOT, E2E, throughput and goodput
+    per concurrency or request rate, one receipt per (endpoint, dialect, level)."""
+    try:
+        slo_bounds = parse_slo(slo)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--slo") from None
+    levels = levels_of(concurrency, rate)
+    counter = token_counter(tokenizer)
+    run = {"dataset": dataset, "dataset_path": str(dataset_path) if dataset_path else None,
+           "input_len": input_len, "output_len": output_len, "seed": seed, "requests": count,
+           "duration_s": duration, "warmup": warmup, "burstiness": burstiness, "server_hardware": server_hardware,
+           "timeout_s": timeout_s}  # fmt: skip
+    bench = dict(levels=levels, count=count, duration=duration, warmup=warmup, burstiness=burstiness, seed=seed,
+                 counter=counter, slo=slo_bounds)  # fmt: skip
+    if side_by_side:
+        from runners.serve.side_by_side import side_by_side as run_side_by_side
+
+        written = run_side_by_side(run, bench, threads=threads, results=results)
+    else:
+        if not endpoint:
+            raise click.UsageError("give --endpoint URL (or --side-by-side)")
+        base = base_url(endpoint)
+        written = []
+        for name in chosen(dialect, DIALECTS, "--dialect"):
+            written += bench_endpoint(base, name, model, label or urlsplit(base).netloc, api_key, run, bench,
+                                      results)  # fmt: skip
+    report(written)
+    if not no_regenerate:
+        regenerate(results)
+    return written
+
+
+def bench_endpoint(base: str, dialect: str, model: str | None, label: str, api_key: str | None, run: dict,
+                   bench: dict, results: Path, notes: str = "") -> list[Path]:  # fmt: skip
+    """Every level against one (endpoint, dialect); -> the receipts written."""
+    probe = Target(base, dialect, model or "", api_key)
+    facts = endpoint_facts(probe)
+    model = model or first_model(facts)
+    if not model:
+        raise click.ClickException(f"{base}/v1/models named no model ({facts}); give --model")
+    target = Target(base, dialect, model, api_key, run["output_len"], run["timeout_s"])
+    try:
+        requests = datasets.load(run["dataset"], dialect, count=max(run["requests"], 64), input_len=run["input_len"],
+                                 output_len=run["output_len"], seed=run["seed"],
+                                 path=Path(run["dataset_path"]) if run["dataset_path"] else None)  # fmt: skip
+    except (ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{label} ({dialect}, model {model}): {len(requests)} distinct requests", err=True)
+    out = []
+    for result in run_levels(target, requests, **bench):
+        out.append(write_level(result, target, label=label, config=run, facts=facts, counter=bench["counter"],
+                               slo=bench["slo"], results=results, notes=notes))  # fmt: skip
+    return out
