@@ -3,8 +3,6 @@ or OpenAI Responses dialect, streaming, as receipts (suite `serve`; method in do
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -14,10 +12,10 @@ from runners.options import chosen, positive_ints, results_option
 from runners.outcome import report
 from runners.regenerate import regenerate
 from runners.serve import datasets
+from runners.serve.bench import bench_endpoint
 from runners.serve.dialects import DIALECTS
-from runners.serve.load import Level, LevelResult, Target, run_level
-from runners.serve.metrics import ESTIMATE, TokenCounter, meets, parse_slo
-from runners.serve.receipts import endpoint_facts, first_model, write_level
+from runners.serve.load import Level
+from runners.serve.metrics import ESTIMATE, TokenCounter, parse_slo
 
 
 def positive_floats(text: str) -> list[float]:
@@ -56,46 +54,8 @@ def token_counter(path: Path | None) -> TokenCounter:
     return TokenCounter(f"tokenizer of {path}", lambda text: len(tokenizer.encode(text, allow_special=False)))
 
 
-def run_levels(target: Target, requests: list, levels: list[Level], *, count, duration, warmup, burstiness,
-               seed, counter, slo) -> list[LevelResult]:  # fmt: skip
-    """Every level against one (endpoint, dialect), each with its progress bar and one summary line."""
-    results = []
-    size = count if duration is None else max(1, int(duration))
-    for level in levels:
-        label = f"{target.dialect} {level.label}".ljust(24)
-        with click.progressbar(length=size, label=label, file=click.get_text_stream("stderr")) as bar:
-            start = time.perf_counter()
-
-            def done(_sample, bar=bar, start=start) -> None:  # bound now: the bar of this level
-                if duration is None:
-                    bar.update(1)
-                else:
-                    bar.update(min(size, int(time.perf_counter() - start)) - bar.pos)
-
-            result = asyncio.run(run_level(target, requests, level, count=None if duration else count,
-                                           duration=duration, warmup=warmup, burstiness=burstiness, seed=seed,
-                                           counter=counter, on_done=done))  # fmt: skip
-        results.append(result)
-        _print_level(result, slo)
-    return results
-
-
-def _print_level(result: LevelResult, slo: dict) -> None:
-    good = [s for s in result.samples if s.ok]
-    errors = len(result.samples) - len(good)
-    if not good:
-        first = next((s.error for s in result.samples if s.error), "no requests")
-        click.echo(f"  {result.level.label}: every request failed ({errors}): {first}", err=True)
-        return
-    ttft = sorted(s.ttft_any_ms for s in good if s.ttft_any_ms is not None)
-    tokens = sum(s.output_tokens for s in good)
-    meeting = sum(meets(s, slo) for s in result.samples)
-    click.echo(
-        f"  {result.level.label}: {len(good)} ok, {errors} errors, {tokens / max(result.seconds, 1e-9):.1f} "
-        f"output tok/s, median TTFT {ttft[len(ttft) // 2]:.1f} ms"
-        + (f", {meeting}/{len(result.samples)} within the SLO" if slo else ""),
-        err=True,
-    )
+# A side-by-side run short enough for a few minutes on 2 cores (six endpoint-dialect pairs, two levels).
+SIDE_BY_SIDE_DEFAULTS = {"concurrency": "1,2", "count": 8, "input_len": 64, "output_len": 32, "warmup": 1}
 
 
 @click.command("serve")
@@ -140,13 +100,25 @@ def _print_level(result: LevelResult, slo: dict) -> None:
               "(runners/serve/side_by_side.py).")  # fmt: skip
 @click.option("--threads", type=click.IntRange(1), help="With --side-by-side: CPU threads of both engines "
               "(default: all cores).")  # fmt: skip
+@click.option("--synthetic", "preset", type=click.Choice(("tiny", "small")), default="small", show_default=True,
+              help="With --side-by-side: the synthetic preset both engines serve (seed --seed).")  # fmt: skip
 @results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def serve_command(endpoint, dialect, model, label, api_key, concurrency, rate, burstiness, count, duration,
                   warmup, dataset, dataset_path, input_len, output_len, seed, slo, tokenizer, server_hardware,
-                  timeout_s, side_by_side, threads, results, no_regenerate) -> list[Path]:  # fmt: skip
+                  timeout_s, side_by_side, threads, preset, results, no_regenerate) -> list[Path]:  # fmt: skip
     """Benchmark a streaming endpoint: TTFT (visible and any token), ITL, TPOT, E2E, throughput and goodput
-    per concurrency or request rate, one receipt per (endpoint, dialect, level)."""
+    per concurrency or request rate, one receipt per (endpoint, dialect, level).
+
+    With --side-by-side, options left at their defaults take the short run's values instead
+    (SIDE_BY_SIDE_DEFAULTS: concurrency 1,2; 8 requests; 64 words in, 32 tokens out; one warm-up)."""
+    if side_by_side:
+        ctx = click.get_current_context()
+        short = {k: v for k, v in SIDE_BY_SIDE_DEFAULTS.items()
+                 if ctx.get_parameter_source(k) is click.core.ParameterSource.DEFAULT}  # fmt: skip
+        concurrency, count = short.get("concurrency", concurrency), short.get("count", count)
+        input_len, output_len = short.get("input_len", input_len), short.get("output_len", output_len)
+        warmup = short.get("warmup", warmup)
     try:
         slo_bounds = parse_slo(slo)
     except ValueError as exc:
@@ -162,7 +134,7 @@ def serve_command(endpoint, dialect, model, label, api_key, concurrency, rate, b
     if side_by_side:
         from runners.serve.side_by_side import side_by_side as run_side_by_side
 
-        written = run_side_by_side(run, bench, threads=threads, results=results)
+        written = run_side_by_side(run, bench, threads=threads, results=results, preset=preset, seed=seed)
     else:
         if not endpoint:
             raise click.UsageError("give --endpoint URL (or --side-by-side)")
@@ -175,26 +147,3 @@ def serve_command(endpoint, dialect, model, label, api_key, concurrency, rate, b
     if not no_regenerate:
         regenerate(results)
     return written
-
-
-def bench_endpoint(base: str, dialect: str, model: str | None, label: str, api_key: str | None, run: dict,
-                   bench: dict, results: Path, notes: str = "") -> list[Path]:  # fmt: skip
-    """Every level against one (endpoint, dialect); -> the receipts written."""
-    probe = Target(base, dialect, model or "", api_key)
-    facts = endpoint_facts(probe)
-    model = model or first_model(facts)
-    if not model:
-        raise click.ClickException(f"{base}/v1/models named no model ({facts}); give --model")
-    target = Target(base, dialect, model, api_key, run["output_len"], run["timeout_s"])
-    try:
-        requests = datasets.load(run["dataset"], dialect, count=max(run["requests"], 64), input_len=run["input_len"],
-                                 output_len=run["output_len"], seed=run["seed"],
-                                 path=Path(run["dataset_path"]) if run["dataset_path"] else None)  # fmt: skip
-    except (ValueError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(f"{label} ({dialect}, model {model}): {len(requests)} distinct requests", err=True)
-    out = []
-    for result in run_levels(target, requests, **bench):
-        out.append(write_level(result, target, label=label, config=run, facts=facts, counter=bench["counter"],
-                               slo=bench["slo"], results=results, notes=notes))  # fmt: skip
-    return out
