@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -16,8 +18,8 @@ from runners.serve.metrics import meets
 from runners.serve.receipts import endpoint_facts, first_model, write_level
 
 
-def run_levels(target: Target, requests: list, levels: list[Level], *, count, duration, warmup, burstiness,
-               seed, counter, slo) -> list[LevelResult]:  # fmt: skip
+def run_levels(target: Target, requests_for: Callable[[Level], list], levels: list[Level], *, count, duration,
+               warmup, burstiness, seed, counter, slo) -> list[LevelResult]:  # fmt: skip
     """Every level against one (endpoint, dialect), each with its progress bar and one summary line."""
     results = []
     size = count if duration is None else max(1, int(duration))
@@ -32,7 +34,7 @@ def run_levels(target: Target, requests: list, levels: list[Level], *, count, du
                 else:
                     bar.update(min(size, int(time.perf_counter() - start)) - bar.pos)
 
-            result = asyncio.run(run_level(target, requests, level, count=None if duration else count,
+            result = asyncio.run(run_level(target, requests_for(level), level, count=None if duration else count,
                                            duration=duration, warmup=warmup, burstiness=burstiness, seed=seed,
                                            counter=counter, on_done=done))  # fmt: skip
         results.append(result)
@@ -66,16 +68,23 @@ def bench_endpoint(base: str, dialect: str, model: str | None, label: str, api_k
     model = model or first_model(facts)
     if not model:
         raise click.ClickException(f"{base}/v1/models named no model ({facts}); give --model")
-    target = Target(base, dialect, model, api_key, run["output_len"], run["timeout_s"])
-    try:
-        requests = datasets.load(run["dataset"], dialect, count=max(run["requests"], 64), input_len=run["input_len"],
-                                 output_len=run["output_len"], seed=run["seed"],
-                                 path=Path(run["dataset_path"]) if run["dataset_path"] else None)  # fmt: skip
-    except (ValueError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
-    click.echo(f"{label} ({dialect}, model {model}): {len(requests)} distinct requests", err=True)
+    target = Target(base, dialect, model, api_key, run["output_len"], run["timeout_s"], run["ignore_eos"])
+    count = run["requests"] if run["duration_s"] is None else 4096
+    path = Path(run["dataset_path"]) if run["dataset_path"] else None
+
+    def requests_for(level: Level) -> list:
+        # Random prompts are new for every (endpoint, dialect, level): no run is served from the prefix
+        # cache an earlier one filled. Agent traces repeat, as an agent's turns do.
+        seed = zlib.crc32(f"{run['seed']}/{label}/{dialect}/{level.label}".encode())
+        try:
+            return datasets.load(run["dataset"], dialect, count=count + run["warmup"], input_len=run["input_len"],
+                                 output_len=run["output_len"], seed=seed, path=path)  # fmt: skip
+        except (ValueError, OSError) as exc:
+            raise click.ClickException(str(exc)) from None
+
+    click.echo(f"{label} ({dialect}, model {model}), {run['dataset']} requests", err=True)
     out = []
-    for result in run_levels(target, requests, **bench):
+    for result in run_levels(target, requests_for, **bench):
         out.append(write_level(result, target, label=label, config=run, facts=facts, counter=bench["counter"],
                                slo=bench["slo"], results=results, notes=notes))  # fmt: skip
     return out

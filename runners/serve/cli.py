@@ -85,7 +85,15 @@ SIDE_BY_SIDE_DEFAULTS = {"concurrency": "1,2", "count": 8, "input_len": 64, "out
               help="Words per random prompt (about one BPE token each).")  # fmt: skip
 @click.option("--output-len", type=click.IntRange(1), default=128, show_default=True,
               help="Output tokens asked for (max_tokens; also caps agent and JSONL requests).")  # fmt: skip
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of random prompts and arrivals.")
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="Seed of random prompts (mixed with the endpoint, dialect and level) and arrivals.",
+)
+@click.option("--ignore-eos", is_flag=True, help="Ask the server to write all --output-len tokens (vLLM's "
+              "ignore_eos; SGLang, llama-server and kimi-engine accept it; proxies may drop it).")  # fmt: skip
 @click.option("--slo", help="Goodput bounds, e.g. ttft_ms=500,tpot_ms=50 (keys: ttft_ms, ttft_any_ms, "
               "tpot_ms, e2e_ms): requests/s that succeeded within every bound.")  # fmt: skip
 @click.option("--tokenizer", type=click.Path(exists=True, file_okay=False, path_type=Path),
@@ -105,8 +113,8 @@ SIDE_BY_SIDE_DEFAULTS = {"concurrency": "1,2", "count": 8, "input_len": 64, "out
 @results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def serve_command(endpoint, dialect, model, label, api_key, concurrency, rate, burstiness, count, duration,
-                  warmup, dataset, dataset_path, input_len, output_len, seed, slo, tokenizer, server_hardware,
-                  timeout_s, side_by_side, threads, preset, results, no_regenerate) -> list[Path]:  # fmt: skip
+                  warmup, dataset, dataset_path, input_len, output_len, seed, ignore_eos, slo, tokenizer,
+                  server_hardware, timeout_s, side_by_side, threads, preset, results, no_regenerate) -> list[Path]:  # fmt: skip
     """Benchmark a streaming endpoint: TTFT (visible and any token), ITL, TPOT, E2E, throughput and goodput
     per concurrency or request rate, one receipt per (endpoint, dialect, level).
 
@@ -128,7 +136,7 @@ def serve_command(endpoint, dialect, model, label, api_key, concurrency, rate, b
     run = {"dataset": dataset, "dataset_path": str(dataset_path) if dataset_path else None,
            "input_len": input_len, "output_len": output_len, "seed": seed, "requests": count,
            "duration_s": duration, "warmup": warmup, "burstiness": burstiness, "server_hardware": server_hardware,
-           "timeout_s": timeout_s}  # fmt: skip
+           "timeout_s": timeout_s, "ignore_eos": ignore_eos}  # fmt: skip
     bench = dict(levels=levels, count=count, duration=duration, warmup=warmup, burstiness=burstiness, seed=seed,
                  counter=counter, slo=slo_bounds)  # fmt: skip
     if side_by_side:

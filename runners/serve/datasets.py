@@ -1,7 +1,8 @@
 """What the serving benchmark sends: random prompts of fixed length, coding-agent traces, or a JSONL file.
 
 - `random`: `input_len` random common English words a prompt (about one BPE token each; a different
-  prompt every request, so no prefix cache helps), `output_len` tokens asked for.
+  prompt every request, and new ones for every endpoint, dialect and level, so no prefix cache helps),
+  `output_len` tokens asked for.
 - `agent`: the requests real coding agents sent (Claude Code, Codex, opencode, aider: captured in
   shared/reference/clients and rebuilt into tests/k3/fixtures/client_requests.jsonl), in the dialect
   each client speaks, with their system prompts, tools and multi-turn histories in order, so the

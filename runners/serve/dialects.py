@@ -54,9 +54,12 @@ def body_from_messages(dialect: str, model: str, messages: list[dict], max_token
     return body | ({"instructions": system} if system else {})
 
 
-def prepare_body(dialect: str, body: dict, model: str, max_tokens: int | None) -> dict:
-    """A dataset's body made ready to send: this model, streamed, usage asked for, output capped."""
-    out = dict(body) | {"model": model, "stream": True}
+def prepare_body(
+    dialect: str, body: dict, model: str, max_tokens: int | None, ignore_eos: bool = False
+) -> dict:
+    """A dataset's body made ready to send: this model, streamed, usage asked for, output capped, and
+    vLLM's `ignore_eos` (also SGLang's, llama-server's and our engine's) when asked for."""
+    out = dict(body) | {"model": model, "stream": True} | ({"ignore_eos": True} if ignore_eos else {})
     if dialect == "chat":
         out["stream_options"] = {"include_usage": True}
     if max_tokens is not None:

@@ -36,6 +36,7 @@ class Target:
     api_key: str | None = None
     max_tokens: int | None = None
     timeout_s: float = 600.0
+    ignore_eos: bool = False
 
     @property
     def url(self) -> str:
@@ -70,8 +71,8 @@ def arrival_gaps(rate: float, burstiness: float, count: int, seed: int) -> list[
 
 
 def _bodies(target: Target, requests: list[Request]) -> list[bytes]:
-    return [orjson.dumps(dialects.prepare_body(target.dialect, r.body, target.model, target.max_tokens))
-            for r in requests]  # fmt: skip
+    return [orjson.dumps(dialects.prepare_body(target.dialect, r.body, target.model, target.max_tokens,
+                                               target.ignore_eos)) for r in requests]  # fmt: skip
 
 
 async def _closed_loop(send, n_clients: int, count: int | None, deadline: float | None) -> None:
