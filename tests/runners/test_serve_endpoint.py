@@ -21,6 +21,7 @@ import pytest
 import uvicorn
 from click.testing import CliRunner
 
+from harness.figures import build_all
 from harness.receipt import load_receipt
 from runners.serve.cli import serve_command
 
@@ -230,6 +231,12 @@ def test_goodput_and_receipt_contents(scripted, tmp_path):
         assert receipt["summary"][key]["n"] >= 1
     for key in ("output_tok_s", "goodput", "tok_s_per_user", "ttft_ms_p99"):
         assert key in receipt["derived"]
+    # The figures draw from these receipts, and are left out where there are none.
+    figures = build_all(tmp_path)
+    assert [p["concurrency"] for p in figures["serve_latency"]["series"][0]["points"]] == [1, 2]
+    assert figures["serve_pareto"]["series"][0]["label"] == "fake · chat"
+    empty = build_all(tmp_path / "nothing")
+    assert "serve_latency" not in empty and "serve_pareto" not in empty
 
 
 def test_rate_and_duration_levels(scripted, tmp_path):
