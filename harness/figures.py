@@ -134,6 +134,16 @@ def proxy_load(frame: pd.DataFrame) -> dict | None:
             "series": lines}  # fmt: skip
 
 
+def _log2_axes(ax: plt.Axes, xlabel: str, ylabel: str) -> None:
+    """A load axis: x (clients, requests in flight) in powers of two, y from zero."""
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel(text(xlabel))
+    ax.set_ylabel(text(ylabel))
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3, which="both")
+
+
 def draw_proxy_load(data: dict) -> plt.Figure:
     fig, (rate, cpu) = plt.subplots(1, 2, figsize=(8.0, 3.8), layout="constrained")
     for i, line in enumerate(data["series"]):
@@ -143,12 +153,7 @@ def draw_proxy_load(data: dict) -> plt.Figure:
             ax.plot(xs, [p[key] for p in line["points"]], marker=style["marker"], color=style["color"],
                     label=text(line["label"]))  # fmt: skip
     for ax, label in ((rate, "completed turns/s"), (cpu, "k3 CPU ms per turn")):
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_xlabel(text("concurrent streaming clients"))
-        ax.set_ylabel(text(label))
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3, which="both")
+        _log2_axes(ax, "concurrent streaming clients", label)
     rate.legend()
     fig.suptitle(title(data))
     return fig
@@ -610,12 +615,7 @@ def draw_serve_latency(data: dict) -> plt.Figure:
             ax.plot([p["concurrency"] for p in points], [p[key] for p in points], marker=style["marker"],
                     color=style["color"], label=text(line["label"]))  # fmt: skip
     for ax, label in zip(axes, ("TTFT (ms)", "TPOT (ms)", "end-to-end latency (ms)"), strict=True):
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_xlabel(text("concurrent requests"))
-        ax.set_ylabel(text(label))
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3, which="both")
+        _log2_axes(ax, "concurrent requests", label)
     axes[0].legend(fontsize=6)
     fig.suptitle(title(data))
     return fig
