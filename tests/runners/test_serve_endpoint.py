@@ -259,3 +259,22 @@ def test_bad_options_get_clear_errors(tmp_path):
     assert result.exit_code == 2 and "--slo" in result.output
     result = runner.invoke(serve_command, ["--results", str(tmp_path)])
     assert result.exit_code == 2 and "--endpoint" in result.output
+
+
+def test_side_by_side_takes_the_short_defaults_unless_told(monkeypatch, tmp_path):
+    from runners.serve import side_by_side
+
+    seen = {}
+
+    def fake(run, bench, **kwargs):
+        seen.update(run=run, bench=bench, **kwargs)
+        return []
+
+    monkeypatch.setattr(side_by_side, "side_by_side", fake)
+    args = ["--side-by-side", "--results", str(tmp_path), "--no-regenerate", "--output-len", "16"]
+    result = CliRunner().invoke(serve_command, args)
+    assert result.exit_code == 0, result.output
+    assert [level.concurrency for level in seen["bench"]["levels"]] == [1, 2]
+    assert seen["run"]["requests"] == 8 and seen["run"]["input_len"] == 64
+    assert seen["run"]["output_len"] == 16  # given, so kept
+    assert seen["preset"] == "small" and seen["threads"] is None
