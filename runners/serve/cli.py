@@ -107,7 +107,7 @@ SIDE_BY_SIDE_DEFAULTS = {"concurrency": "1,2", "count": 8, "input_len": 64, "out
               "the same weights, k3 in front of each, and benchmark each directly and through k3 "
               "(runners/serve/side_by_side.py).")  # fmt: skip
 @click.option("--threads", type=click.IntRange(1), help="With --side-by-side: CPU threads of both engines "
-              "(default: all cores).")  # fmt: skip
+              "(default: all cores but one, left to k3 and the load generator).")  # fmt: skip
 @click.option("--synthetic", "preset", type=click.Choice(("tiny", "small")), default="small", show_default=True,
               help="With --side-by-side: the synthetic preset both engines serve (seed --seed).")  # fmt: skip
 @results_option

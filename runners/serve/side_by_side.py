@@ -4,7 +4,9 @@ on this machine, each benchmarked directly (Chat) and through k3 (Anthropic and 
 Weights: `kimi-engine serve --synthetic PRESET --seed SEED` generates each tensor from (seed, name), the
 same generator `runners.llamacpp.prepare_models` writes the checkpoint with that is exported to the F16
 GGUF llama-server loads (so the two differ only by F16 rounding and each engine's own compute dtype).
-Both get the same CPU threads (`OMP_NUM_THREADS` for torch, `-t` for llama.cpp) and the same number of
+Both get the same CPU threads (`OMP_NUM_THREADS` for torch, `-t` for llama.cpp; default all cores but one,
+which k3 and the load generator need: llama.cpp's worker threads spin at their barriers, and with every core
+given to them a descheduled one stalls the rest, down to a few tokens a second) and the same number of
 sequences in flight (`--max-sequences` / `-np`: the largest concurrency of the run). k3 runs in front of
 each as its own `k3 serve` process. The engines run one after the other, never at once.
 """
@@ -56,7 +58,7 @@ def _direct_and_through_k3(label: str, base: str, run: dict, bench: dict, result
 def side_by_side(run: dict, bench: dict, *, threads: int | None, results: Path, preset: str,
                  seed: int = 0) -> list[Path]:  # fmt: skip
     """Both engines, each directly and through k3; -> every receipt written."""
-    threads = threads or all_cores()
+    threads = threads or max(1, all_cores() - 1)
     slots = max(level.concurrency or 1 for level in bench["levels"])
     models = prepare_models(preset, seed)
     tools = ensure_tools()
