@@ -68,9 +68,9 @@ def side_by_side(run: dict, bench: dict, *, threads: int | None, results: Path, 
         "side_by_side": {"preset": preset, "seed": seed, "threads": threads, "slots": slots,
                          "gguf": models.gguf["f16"].name, "llama_cpp": tools.version()},
     }  # fmt: skip
-    context = 2 * (
-        run["input_len"] * 2 + run["output_len"] + 256
-    )  # per slot: prompt (words ~ tokens) and output
+    # Per slot: the prompt (a byte-level tokenizer spends about six tokens on a word and its space), the
+    # chat template and the output.
+    context = 8 * run["input_len"] + run["output_len"] + 256
     engine_cmd = [sys.executable, "-m", "engine", "serve", "--synthetic", preset, "--seed", str(seed),
                   "--port", "0", "--max-sequences", str(slots), "--max-context", str(context),
                   "--log-level", "warning"]  # fmt: skip
