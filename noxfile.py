@@ -6,6 +6,7 @@ nox -s bench-kernels  every kernel variant against its reference (GPU: full shap
 nox -s bench-micro    pytest-benchmark microbenchmarks (benchmarks/): k3's turn steps, the engine's host work
 nox -s accuracy       quantised against unquantised model, per plan and group size
 nox -s bench-llamacpp our engine against llama.cpp on the same model (builds llama.cpp's tools once)
+nox -s bench-serve    serving benchmark: our engine and llama-server, each directly and through k3 (or args)
 nox -s audit          check that every number shown comes from a receipt
 nox -s conformance    real coding agents through k3 (receipt + docs/CLIENTS.md)
 """
@@ -133,6 +134,15 @@ def bench_llamacpp(session: nox.Session) -> None:
     install(session)
     for threads in THREAD_RUNS:  # one thread, then all cores
         session.run("python", "-m", "runners", "llamacpp", *threads, *session.posargs)
+
+
+@nox.session(name="bench-serve", python=PYTHON)
+def bench_serve(session: nox.Session) -> None:
+    """Serving benchmark. No args: the side-by-side run here (kimi-engine and llama-server on the same
+    synthetic weights, each directly and through k3). With args: `python -m runners serve ARGS`, e.g.
+    `nox -s bench-serve -- --endpoint http://gpu-box:8000 --concurrency 1,4,16`."""
+    install(session)
+    session.run("python", "-m", "runners", "serve", *(session.posargs or ["--side-by-side"]))
 
 
 @nox.session(python=PYTHON)

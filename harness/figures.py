@@ -134,6 +134,16 @@ def proxy_load(frame: pd.DataFrame) -> dict | None:
             "series": lines}  # fmt: skip
 
 
+def _log2_axes(ax: plt.Axes, xlabel: str, ylabel: str) -> None:
+    """A load axis: x (clients, requests in flight) in powers of two, y from zero."""
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel(text(xlabel))
+    ax.set_ylabel(text(ylabel))
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3, which="both")
+
+
 def draw_proxy_load(data: dict) -> plt.Figure:
     fig, (rate, cpu) = plt.subplots(1, 2, figsize=(8.0, 3.8), layout="constrained")
     for i, line in enumerate(data["series"]):
@@ -143,12 +153,7 @@ def draw_proxy_load(data: dict) -> plt.Figure:
             ax.plot(xs, [p[key] for p in line["points"]], marker=style["marker"], color=style["color"],
                     label=text(line["label"]))  # fmt: skip
     for ax, label in ((rate, "completed turns/s"), (cpu, "k3 CPU ms per turn")):
-        ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_xlabel(text("concurrent streaming clients"))
-        ax.set_ylabel(text(label))
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3, which="both")
+        _log2_axes(ax, "concurrent streaming clients", label)
     rate.legend()
     fig.suptitle(title(data))
     return fig
@@ -569,6 +574,89 @@ def draw_perplexity_vs_bits(data: dict) -> plt.Figure:
     return fig
 
 
+def _serve_series(frame: pd.DataFrame) -> dict[tuple[str, str, str], list]:
+    """Closed-loop `serve` receipts (a concurrency, no rate) grouped per (endpoint label, dialect,
+    hardware), x rising."""
+    series: dict[tuple[str, str, str], list] = {}
+    for row in _newest_suite(frame, "serve").itertuples():
+        cfg = row.receipt["config"]
+        if cfg.get("rate") is None and cfg.get("concurrency"):
+            series.setdefault((cfg["label"], cfg["dialect"], row.hardware_id), []).append(row)
+    return {
+        key: sorted(rows, key=lambda r: r.receipt["config"]["concurrency"])
+        for key, rows in sorted(series.items())
+    }
+
+
+def _median(receipt: dict, metric: str) -> float | None:
+    stats = receipt["summary"].get(metric)
+    return stats["median"] if stats else None
+
+
+def serve_latency(frame: pd.DataFrame) -> dict | None:
+    """Median TTFT, TPOT and E2E against concurrency, one line per (endpoint, dialect) of `serve` receipts."""
+    lines = []
+    for (label, dialect, hardware_id), rows in _serve_series(frame).items():
+        points = [{"concurrency": r.receipt["config"]["concurrency"], "receipt": r.path,
+                   **{m: _median(r.receipt, m) for m in ("ttft_ms", "tpot_ms", "e2e_ms")},
+                   "errors": r.receipt["derived"]["errors"]} for r in rows]  # fmt: skip
+        lines.append({"label": f"{label} · {dialect}", "hardware_id": hardware_id, "points": points})
+    if not lines:
+        return None
+    return {"title": "Serving latency against concurrency (medians of successful requests)", "series": lines}
+
+
+def draw_serve_latency(data: dict) -> plt.Figure:
+    fig, axes = plt.subplots(1, 3, figsize=(10.0, 3.8), layout="constrained")
+    for i, line in enumerate(data["series"]):
+        style = series_style(i)
+        for ax, key in zip(axes, ("ttft_ms", "tpot_ms", "e2e_ms"), strict=True):
+            points = [p for p in line["points"] if p[key] is not None]
+            ax.plot([p["concurrency"] for p in points], [p[key] for p in points], marker=style["marker"],
+                    color=style["color"], label=text(line["label"]))  # fmt: skip
+    for ax, label in zip(axes, ("TTFT (ms)", "TPOT (ms)", "end-to-end latency (ms)"), strict=True):
+        _log2_axes(ax, "concurrent requests", label)
+    axes[0].legend(fontsize=6)
+    fig.suptitle(title(data))
+    return fig
+
+
+def serve_pareto(frame: pd.DataFrame) -> dict | None:
+    """Output tok/s per user (1000 / median TPOT) against the system's output tok/s, one line per
+    (endpoint, dialect) through its concurrency levels: the throughput-interactivity trade-off."""
+    lines = []
+    for (label, dialect, hardware_id), rows in _serve_series(frame).items():
+        points = [{"concurrency": r.receipt["config"]["concurrency"], "receipt": r.path,
+                   "system_tok_s": r.receipt["derived"]["output_tok_s"],
+                   "user_tok_s": r.receipt["derived"]["tok_s_per_user"]}
+                  for r in rows if "tok_s_per_user" in r.receipt["derived"]]  # fmt: skip
+        if points:
+            lines.append({"label": f"{label} · {dialect}", "hardware_id": hardware_id, "points": points})
+    if not lines:
+        return None
+    return {"title": "Serving Pareto: output tok/s per user against system output tok/s", "series": lines}
+
+
+def draw_serve_pareto(data: dict) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(6.4, 4.4), layout="constrained")
+    for i, line in enumerate(data["series"]):
+        style = series_style(i)
+        xs = [p["system_tok_s"] for p in line["points"]]
+        ys = [p["user_tok_s"] for p in line["points"]]
+        ax.plot(xs, ys, marker=style["marker"], color=style["color"], label=text(line["label"]))
+        for p in line["points"]:
+            ax.annotate(text(f"c{p['concurrency']}"), (p["system_tok_s"], p["user_tok_s"]), fontsize=6,
+                        xytext=(3, 3), textcoords="offset points")  # fmt: skip
+    ax.set_xlabel(text("system output tok/s"))
+    ax.set_ylabel(text("output tok/s per user (1000 / median TPOT)"))
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    ax.set_title(title(data))
+    return fig
+
+
 FIGURES: list[Figure] = [
     Figure(
         "harness_selfcheck",
@@ -593,6 +681,8 @@ FIGURES: list[Figure] = [
     Figure("quantisation_quality", quantisation_quality, draw_quantisation_quality),
     Figure("llamacpp_vs_engine", llamacpp_vs_engine, draw_llamacpp),
     Figure("perplexity_vs_bits", perplexity_vs_bits, draw_perplexity_vs_bits),
+    Figure("serve_latency", serve_latency, draw_serve_latency),
+    Figure("serve_pareto", serve_pareto, draw_serve_pareto),
 ]
 
 

@@ -32,6 +32,12 @@ SUITES = {
         "llama.cpp's F16 / Q8_0 / Q4_0 / Q4_K_M of the same checkpoint on the accuracy runner's tokens "
         "(compare with the accuracy section's perplexity_candidate at its bits_per_weight).",
     ),
+    "serve": (
+        "Serving benchmark",
+        "`python -m runners serve`: TTFT (first visible and first token of any kind), ITL, TPOT, end-to-end "
+        "latency, output tok/s and goodput per endpoint, dialect and concurrency or request rate; errors "
+        "are counted and kept out of the latencies (docs/METHODS.md).",
+    ),
     "harness": (
         "Harness self-check",
         "A small real measurement that proves the receipt → report → figures → audit path.",

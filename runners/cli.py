@@ -10,6 +10,7 @@ python -m runners micro      pytest-benchmark microbenchmarks of k3's turn steps
 python -m runners gpu-check  the one prepared GPU run: kernels, copy bandwidth, decode; a tar of receipts
 python -m runners training   train a checkpoint here (kimi-engine train) and record it as a receipt
 python -m runners llamacpp-quality  perplexity of llama.cpp's F16/Q8_0/Q4_0/Q4_K_M on the accuracy runner's tokens
+python -m runners serve      any streaming endpoint (Chat, Anthropic, Responses): TTFT, ITL, TPOT, goodput
 
 Subcommands are imported only when run: `gpu-check` must start on the GPU image, which lacks k3's
 dependencies (starlette, uvicorn, orjson) that the proxy runners import.
@@ -34,6 +35,7 @@ COMMANDS = {
     "micro-gate": "runners.micro:micro_gate_command",
     "training": "runners.training:training_command",
     "llamacpp-quality": "runners.llamacpp_quality:llamacpp_quality_command",
+    "serve": "runners.serve.cli:serve_command",
 }
 
 

@@ -24,12 +24,20 @@ LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
 
 @contextlib.contextmanager
 def running_server(
-    server: Path, model: Path, *, threads: int, context: int, gpu_layers: int, timeout_s: float = 120.0
+    server: Path,
+    model: Path,
+    *,
+    threads: int,
+    context: int,
+    gpu_layers: int,
+    timeout_s: float = 120.0,
+    parallel: int = 1,
 ) -> Iterator[str]:
-    """Yield the base URL of a ready llama-server serving `model`; stop it on exit, whatever happens."""
+    """Yield the base URL of a ready llama-server serving `model` with `parallel` slots (`context` tokens
+    shared among them); stop it on exit, whatever happens."""
     args = [
         str(server), "-m", str(model), "--host", "127.0.0.1", "--port", "0", "-t", str(threads),
-        "-c", str(context), "-np", "1", "-ngl", str(gpu_layers), "--no-webui",
+        "-c", str(context), "-np", str(parallel), "-ngl", str(gpu_layers), "--no-webui",
     ]  # fmt: skip
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, text=True)
