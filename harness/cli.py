@@ -286,3 +286,8 @@ def import_device(tar_path: Path, root: Path | None, results: Path | None) -> No
     for path in written:
         click.echo(f"imported {path}")
     click.echo(f"{len(written)} receipts imported, {len(present)} already there")
+
+
+from harness.plan.cli import plan_command  # noqa: E402  (its own module; registered here)
+
+main.add_command(plan_command)
