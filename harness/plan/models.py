@@ -4,6 +4,11 @@ Kimi-Linear-48B-A3B is counted tensor by tensor by the engine's own weight budge
 (`engine.quant.budget`, the same count the decode runner's roofline uses), one entry per quantisation
 plan. Kimi K3 has no engine here, so its facts are the published architecture (docs/REFERENCE.md §5), and
 its bytes follow from them: routed experts at their stored precision, every other weight at its own.
+The K3 sources: huggingface.co/moonshotai/Kimi-K3 (model card: 2.8T parameters, 104B active; config.json:
+hidden 7168, 93 layers of which 69 KDA with 96 heads of 128 and 24 MLA with kv_lora_rank 512 and
+qk_rope_head_dim 64, 896 routed experts of 3 x 3584 x 3072, 16 per token, layer 0 dense, as the public
+implementations quote it), and NVIDIA's TensorRT-LLM K3 deployment guide (routed experts MXFP4 with
+group 32, attention, shared experts, dense MLP and LM head BF16).
 """
 
 from __future__ import annotations
@@ -131,7 +136,7 @@ def kimi_linear() -> ModelFacts:
     )
 
 
-# Kimi K3, as published (docs/REFERENCE.md §5): 93 layers (69 KDA, 24 MLA), hidden 7168, 896 routed experts
+# Kimi K3, as published (sources in the module docstring): 93 layers (69 KDA, 24 MLA), hidden 7168, 896 routed experts
 # of which 16 per token in the 92 MoE layers (layer 0 is dense), each expert 3 matrices of 3584 x 3072.
 K3_TOTAL_PARAMS = 2_780_000_000_000
 K3_ACTIVE_PARAMS = 104_000_000_000
@@ -183,7 +188,8 @@ def kimi_k3() -> ModelFacts:
         cache_bytes_per_token=K3_MLA_LAYERS * K3_MLA_LATENT * 2,
         formats=formats,
         default_format="mxfp4",
-        sources="docs/REFERENCE.md §5 (K3 release reports, model card and config.json)",
+        sources="huggingface.co/moonshotai/Kimi-K3 (model card, config.json); "
+        "https://nvidia.github.io/TensorRT-LLM/deployment-guide/deployment-guide-for-kimi-k3-on-trtllm.html",
     )
 
 
