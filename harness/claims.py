@@ -96,14 +96,24 @@ def findings(checks: list[Check]) -> list[tuple[int, str]]:
 
 
 def render(checks: list[Check] | None = None) -> str:
+    from harness.plan.hardware import DEVICES, HOSTS, LINKS
+    from harness.plan.models import MODELS
     from harness.report import TEMPLATES, templates
 
     checks = check_all() if checks is None else checks
-    by_id = {c.claim.id: c for c in checks}
     return (
         templates(TEMPLATES)
         .get_template("CLAIMS.md.j2")
-        .render(checks=checks, by_id=by_id, reasons=REASONS, regenerate=REGENERATE)
+        .render(
+            checks=checks,
+            by_id={c.claim.id: c for c in checks},
+            reasons=REASONS,
+            regenerate=REGENERATE,
+            models=[facts() for facts in MODELS.values()],
+            devices=DEVICES.values(),
+            links=LINKS.values(),
+            hosts=HOSTS.values(),
+        )
     )
 
 

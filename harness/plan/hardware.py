@@ -41,7 +41,7 @@ class HostMemory:
     source: str
 
 
-_PCIE = "PCI-SIG PCI Express Base Specification (pcisig.com/specifications): x16 lanes, one direction"
+_PCIE = "https://pcisig.com/specifications (PCI Express Base Specification): x16 lanes, one direction"
 _NVLINK = "https://www.nvidia.com/en-us/data-center/nvlink/"
 LINKS = {
     "PCIe4": Link("PCIe 4.0 x16", 32 * G, _PCIE + ", 16 GT/s"),
@@ -49,8 +49,12 @@ LINKS = {
     "NVLink3": Link("NVLink 3 (A100)", 300 * G, _NVLINK + " (600 GB/s per GPU, both directions)"),
     "NVLink4": Link("NVLink 4 (H100, H200)", 450 * G, _NVLINK + " (900 GB/s per GPU, both directions)"),
     "NVLink5": Link("NVLink 5 (Blackwell)", 900 * G, _NVLINK + " (1.8 TB/s per GPU, both directions)"),
-    "25GbE": Link("25 Gigabit Ethernet", 25 / 8 * G, "IEEE 802.3by (25 Gb/s per port)"),
-    "100GbE": Link("100 Gigabit Ethernet", 100 / 8 * G, "IEEE 802.3 (100 Gb/s per port)"),
+    "25GbE": Link(
+        "25 Gigabit Ethernet", 25 / 8 * G, "https://standards.ieee.org/ (IEEE 802.3by: 25 Gb/s per port)"
+    ),
+    "100GbE": Link(
+        "100 Gigabit Ethernet", 100 / 8 * G, "https://standards.ieee.org/ (IEEE 802.3: 100 Gb/s per port)"
+    ),
     "IB-NDR": Link(
         "InfiniBand NDR 400 Gb/s",
         400 / 8 * G,
@@ -79,12 +83,12 @@ DEVICES = {
         Device("B200", 180 * G, 8 * T, 2.25 * 1000 * T, 9 * 1000 * T, "NVLink5", 8, "IB-NDR",
                "https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200, 8 GPUs: 1.4 TB memory, 64 TB/s, "
                "FP4 144 PFLOPS and BF16 36 PFLOPS with sparsity, NVLink 1.8 TB/s per GPU)"),
-        Device("B300", 288 * G, 8 * T, 2.25 * 1000 * T, 13.5 * 1000 * T, "NVLink5", 8, "IB-NDR",
+        Device("B300", 288 * G, 8 * T, 2.25 * 1000 * T, 13.125 * 1000 * T, "NVLink5", 8, "IB-NDR",
                "https://www.nvidia.com/en-us/data-center/hgx/ (HGX B300, 8 GPUs: 2.3 TB memory, "
-               "FP4 108 PFLOPS dense, BF16 36 PFLOPS with sparsity, NVLink 1.8 TB/s per GPU)"),
-        Device("GB300", 288 * G, 8 * T, 2.5 * 1000 * T, 15 * 1000 * T, "NVLink5", 72, "IB-NDR",
+               "FP4 105 PFLOPS dense, BF16 36 PFLOPS with sparsity, NVLink 1.8 TB/s per GPU)"),
+        Device("GB300", 288 * G, 8 * T, 2.5 * 1000 * T, 1100 / 72 * 1000 * T, "NVLink5", 72, "IB-NDR",
                "https://www.nvidia.com/en-us/data-center/gb300-nvl72/ (72 GPUs: 20.7 TB HBM3e, 576 TB/s, "
-               "FP4 1,080 PFLOPS dense, BF16 360 PFLOPS with sparsity, NVLink 1.8 TB/s per GPU)"),
+               "FP4 1.1 EFLOPS dense, FP8 360 PFLOPS dense, BF16 taken as half of FP8, NVLink 1.8 TB/s per GPU)"),
         Device("RTX5090", 32 * G, 1792 * G, 209.5 * T, 1676 * T, "PCIe5", 8, "25GbE",
                "https://www.nvidia.com/en-us/geforce/graphics-cards/50-series/rtx-5090/ and the NVIDIA RTX "
                "Blackwell GPU architecture whitepaper (32 GB GDDR7, 1,792 GB/s, FP16/BF16 tensor 209.5 "

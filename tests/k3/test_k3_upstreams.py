@@ -36,9 +36,9 @@ class Upstream:
 
 
 RECIPES = [
-    # vLLM (recent) --tool-call-parser kimi_k2|kimi_k3 --reasoning-parser kimi_k2|kimi_k3
+    # vLLM >= 0.11 --tool-call-parser kimi_k2|kimi_k3 --reasoning-parser kimi_k2|kimi_k3
     Upstream("vllm-parsed", "reasoning", "native", "passthrough", "reasoning", ENGINE_ID),
-    # SGLang (and older vLLM) with the same parsers: the DeepSeek-style field name
+    # SGLang (and vLLM <= 0.10) with the same parsers: the older field name
     Upstream("sglang-parsed", "reasoning_content", "native", "passthrough", "reasoning_content", ENGINE_ID),
     # either server without parsers, Kimi-Linear / K2 family: <think> and K2 tool tokens in the text
     Upstream("raw-kimi-linear", "think", "kimi", "kimi", "think", ENGINE_ID),
