@@ -1,7 +1,7 @@
 """Does a model fit on some hardware, and how fast could it be at best: memory fit, decode and prefill ceilings.
 
 Decode at batch B reads, per step: every always-active weight once, the routed experts the B tokens pick
-(at most all of them), and each sequence's KDA state (read and written) and MLA cache. The step cannot
+(as many distinct ones as B tokens pick under uniform routing, E(1 - (1 - k/E)^B) per layer), and each sequence's KDA state (read and written) and MLA cache. The step cannot
 be faster than those bytes over the memory bandwidth, plus the activations that must cross devices:
 - one node: tensor parallel, two all-reduces of the hidden state per layer over the node's link (ring:
   2(p-1)/p of the message per device);
@@ -67,7 +67,8 @@ def _fit(model: ModelFacts, fmt: WeightFormat, hw: Hardware, context: int, batch
 
 def _step(model: ModelFacts, fmt: WeightFormat, hw: Hardware, context: int, batch: int, layout: str):
     """(bytes read from device memory, bytes read from host RAM) per decode step of `batch` tokens."""
-    experts = min(batch * fmt.token_expert_bytes, fmt.expert_bytes)
+    p = model.routed_share
+    experts = fmt.token_expert_bytes if batch == 1 else fmt.token_expert_bytes * (1 - (1 - p) ** batch) / p
     state = batch * (2 * model.state_bytes + (context + 1) * model.cache_bytes_per_token)
     always = fmt.token_bytes - fmt.token_expert_bytes + state
     return (always, experts) if layout == "experts in host RAM" else (always + experts, 0)

@@ -45,6 +45,7 @@ class ModelFacts:
     formats: dict[str, WeightFormat]
     default_format: str
     sources: str
+    routed_share: float  # experts each token picks, as a fraction of each MoE layer's experts (k / E)
     workspace: object = None  # (context) -> activation bytes, when the model has an estimate
 
     def fmt(self, name: str | None) -> WeightFormat:
@@ -131,6 +132,7 @@ def kimi_linear() -> ModelFacts:
         cache_bytes_per_token=state.components["state:mla_cache"],  # context 0: one latent per MLA layer
         formats=formats,
         default_format="int4",
+        routed_share=cfg.num_experts_per_token / cfg.num_experts,
         sources="docs/REFERENCE.md §1 (config.json of moonshotai/Kimi-Linear-48B-A3B-Instruct)",
         workspace=workspace,
     )
@@ -188,6 +190,7 @@ def kimi_k3() -> ModelFacts:
         cache_bytes_per_token=K3_MLA_LAYERS * K3_MLA_LATENT * 2,
         formats=formats,
         default_format="mxfp4",
+        routed_share=K3_EXPERTS_PER_TOKEN / K3_EXPERTS,
         sources="huggingface.co/moonshotai/Kimi-K3 (model card, config.json); "
         "https://nvidia.github.io/TensorRT-LLM/deployment-guide/deployment-guide-for-kimi-k3-on-trtllm.html",
     )

@@ -114,3 +114,18 @@ def test_cli_text_json_and_errors():
     assert json.loads(as_json.output)["fits"] is True
     bad = runner.invoke(main, ["plan", "--model", "kimi-k3", "--hardware", "8xB300", "--quant", "int4"])
     assert bad.exit_code == 2 and "no --quant 'int4'" in bad.output
+
+
+def test_batching_shares_the_weight_reads_and_the_overrides_apply():
+    # At batch 16 a step reads the always-active weights once, the distinct experts 16 tokens pick (uniform
+    # routing: 256 x (1 - (1 - 8/256)^16) = 101.9 of 256 per layer, not 16 x 8 = 128) and 16 sequences'
+    # state: more tokens per step, so the aggregate ceiling rises.
+    one, many = plan("kimi-linear-48b", "1xH200", batch=1), plan("kimi-linear-48b", "1xH200", batch=16)
+    fmt = kimi_linear().formats["int4"]
+    picked = fmt.expert_bytes * (1 - (1 - 8 / 256) ** 16)
+    shared = fmt.token_bytes - fmt.token_expert_bytes
+    assert many.step_bytes == pytest.approx(shared + picked + 16 * (one.step_bytes - fmt.token_bytes))
+    assert many.decode_tok_s > 2 * one.decode_tok_s
+    assert many.need["kda_state"] == 16 * one.need["kda_state"]
+    split = plan("kimi-k3", "16xB300", per_node=4, network="25GbE")
+    assert split.decode_terms_s["network"] == pytest.approx(3 * 14_336 / 3.125e9)
