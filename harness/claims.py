@@ -117,9 +117,10 @@ def render(checks: list[Check] | None = None) -> str:
     )
 
 
-def write(root: Path) -> Path:
+def write(root: Path, checks: list[Check] | None = None) -> Path:
     out = root / CLAIMS_DOC
-    out.write_text(render())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(checks))
     return out
 
 

@@ -299,7 +299,7 @@ def claims(root: Path | None) -> None:
     from harness.claims import check_all, findings, write
 
     checks = check_all()
-    click.echo(f"wrote {write(resolve_root(root))}")
+    click.echo(f"wrote {write(resolve_root(root), checks)}")
     problems = findings(checks)
     for claim_id, message in problems:
         click.echo(f"claim {claim_id}: {message}", err=True)
