@@ -161,6 +161,13 @@ def report(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def claims(session: nox.Session) -> None:
+    """Regenerate docs/CLAIMS.md: published claims against the ceilings `kimi-harness plan` computes."""
+    install(session)
+    session.run("kimi-harness", "claims")
+
+
+@nox.session(python=PYTHON)
 def figures(session: nox.Session) -> None:
     """Regenerate docs/figures/ (PNG + PDF + data) from the receipts."""
     install(session)

@@ -11,6 +11,9 @@ Findings, each with a kind:
 - `dirty-receipt`    a number backed by a receipt measured on a tree with uncommitted changes (`+dirty`):
                      no reader can rebuild it from a commit; re-measure on a clean one
 - `bad-citation`     a `cited:` marker that names neither a public source nor a file of this repository
+- `stale-claims`     docs/CLAIMS.md differs from what `kimi-harness claims` generates
+- `implausible-claim` a published claim (harness/claims.py) above its computed ceiling with no stated
+                     reason (speculation, batching), or a fit the plan contradicts
 
 A marker follows the number it backs, on the same line:
     113.8 tok/s <!-- receipt: decode/NVIDIA-H200/20261129T...-x.json#summary.tok_s.median -->
@@ -76,6 +79,29 @@ def run_audit(root: Path) -> list[Finding]:
     for pattern in DOC_GLOBS:
         for doc in sorted(root.glob(pattern)):
             findings += check_document(doc, results_dir, doc.relative_to(root).as_posix(), root=root)
+    if (root / "harness" / "claims.py").exists():  # a checkout of this project, not a bare results tree
+        findings += check_claims(root)
+    return findings
+
+
+def check_claims(root: Path) -> list[Finding]:
+    """Each published claim against its computed ceiling, and docs/CLAIMS.md against a fresh render."""
+    from harness import claims
+
+    checks = claims.check_all()
+    findings = [
+        Finding("implausible-claim", f"harness/claims.py claim {n}", msg)
+        for n, msg in claims.findings(checks)
+    ]
+    page = root / claims.CLAIMS_DOC
+    if not page.exists() or page.read_text() != claims.render(checks):
+        findings.append(
+            Finding(
+                "stale-claims",
+                claims.CLAIMS_DOC.as_posix(),
+                f"differs from the claims: run `{claims.REGENERATE}`",
+            )
+        )
     return findings
 
 

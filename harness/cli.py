@@ -287,3 +287,27 @@ def import_device(tar_path: Path, root: Path | None, results: Path | None) -> No
     for path in written:
         click.echo(f"imported {path}")
     click.echo(f"{len(written)} receipts imported, {len(present)} already there")
+
+
+@main.command()
+@root_option
+def claims(root: Path | None) -> None:
+    """Regenerate docs/CLAIMS.md: each published claim (harness/claims.py) against its computed ceiling.
+
+    Exits 1 when a claim exceeds its ceiling without a stated reason, or a fit the plan contradicts
+    (what `kimi-harness audit` refuses too).
+    """
+    from harness.claims import check_all, findings, write
+
+    checks = check_all()
+    click.echo(f"wrote {write(resolve_root(root), checks)}")
+    problems = findings(checks)
+    for claim_id, message in problems:
+        click.echo(f"claim {claim_id}: {message}", err=True)
+    if problems:
+        sys.exit(1)
+
+
+from harness.plan.cli import plan_command  # noqa: E402  (its own module; registered here)
+
+main.add_command(plan_command)
