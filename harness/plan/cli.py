@@ -8,7 +8,7 @@ import click
 
 from harness.plan.ceilings import DEFAULT_RESERVE, Estimate
 from harness.plan.hardware import LINKS, SPEC_HELP
-from harness.plan.models import GB, MODELS
+from harness.plan.models import GB, MODELS, QUANT_NAMES
 
 
 def _gb(value: float) -> str:
@@ -52,6 +52,7 @@ def report_lines(e: Estimate) -> list[str]:
 @click.option("--hardware", "spec", required=True, help=SPEC_HELP)
 @click.option(
     "--quant",
+    type=click.Choice(QUANT_NAMES),
     help="Weight format: kimi-linear-48b int4 (default), int4-int8-head, int4-int4-head, bf16; "
     "kimi-k3 mxfp4 (default, the release), ud-iq1_s.",
 )

@@ -197,6 +197,9 @@ def kimi_k3() -> ModelFacts:
 
 
 MODELS = {"kimi-linear-48b": kimi_linear, "kimi-k3": kimi_k3}
+# Every --quant name plan knows, for the CLI's choice (each model takes its own: ModelFacts.weight_format).
+K3_FORMATS = ("mxfp4", "ud-iq1_s")
+QUANT_NAMES = (*_KIMI_LINEAR_PLANS, *K3_FORMATS)
 
 
 def model(name: str) -> ModelFacts:

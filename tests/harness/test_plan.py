@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from harness.cli import main
 from harness.plan import plan
 from harness.plan.hardware import DEVICES, HOSTS, LINKS, parse_hardware
-from harness.plan.models import kimi_k3, kimi_linear
+from harness.plan.models import MODELS, QUANT_NAMES, kimi_k3, kimi_linear
 
 
 def test_kimi_linear_int4_on_one_l40s_by_hand():
@@ -129,3 +129,7 @@ def test_batching_shares_the_weight_reads_and_the_overrides_apply():
     assert many.need["kda_state"] == 16 * one.need["kda_state"]
     split = plan("kimi-k3", "16xB300", per_node=4, network="25GbE")
     assert split.decode_terms_s["network"] == pytest.approx(3 * 14_336 / 3.125e9)
+
+
+def test_the_cli_offers_exactly_the_formats_the_models_know():
+    assert sorted(QUANT_NAMES) == sorted(name for facts in MODELS.values() for name in facts().formats)
