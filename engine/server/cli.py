@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import logging
-import socket
 import sys
 from pathlib import Path
 
 import click
 
+from common.listen import listening_socket
 from engine.kernels import DEFAULT_SELECTION
 from engine.model.presets import PRESETS
 from engine.quant.plan import PLANS
@@ -245,15 +245,8 @@ def serve_command(
     scheduler = Scheduler(engine, max_active=max_sequences, max_queue=max_queue)
     context = ServerContext(engine, scheduler, template, served_model_name, scripted)
 
-    # IPPROTO_TCP explicitly: asyncio only disables Nagle on sockets whose proto says TCP, and with
-    # Nagle on, every keep-alive response waits ~40 ms for the client's delayed ACK.
-    sock = socket.socket(
-        socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
-    )
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
-        sock.listen(2048)  # before announcing the address: early clients are queued, not refused
+        sock = listening_socket(host, port)  # before announcing the address
     except OSError as e:
         raise click.ClickException(f"cannot bind {host}:{port}: {e}") from None
     _print_start_up(engine, scripted is not None)

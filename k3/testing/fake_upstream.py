@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import html
 import json
-import socket
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -37,7 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import uvicorn
+
+from common import listen
 
 
 @dataclass
@@ -384,27 +384,5 @@ class FakeUpstream:
 def serve_in_thread(app: Any, host: str = "127.0.0.1", timeout_keep_alive: float = 5) -> Iterator[str]:
     """Serve an ASGI app with uvicorn in a daemon thread on an ephemeral port; yields `http://host:port/v1`.
     `timeout_keep_alive`: seconds before uvicorn closes an idle keep-alive connection."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # see k3/cli.py: Nagle
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, log_level="error", lifespan="off", access_log=False, timeout_keep_alive=timeout_keep_alive
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        for _ in range(1000):
-            if server.started:
-                break
-            if not thread.is_alive():
-                raise RuntimeError("the fake upstream server thread died on start")
-            threading.Event().wait(0.01)
-        else:
-            raise RuntimeError("the fake upstream server did not start within 10 s")
-        yield f"http://{host}:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    with listen.serve_in_thread(app, host, timeout_keep_alive) as root:
+        yield f"{root}/v1"

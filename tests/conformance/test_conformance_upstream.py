@@ -4,8 +4,8 @@ import httpx
 import orjson
 import pytest
 
+from common.listen import serve_in_thread
 from k3.tools import Reasoning, Text, ThinkSplitter, ToolCall, make_parser, merge_events
-from runners.conformance.servers import serve_in_thread
 from runners.conformance.upstream import SIDE_ANSWER, Call, Reply, ScriptedUpstream
 
 TOOLS = [
