@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 import torch
 
+from common.memory_cap import MemoryCap
 from engine.kernels import DEFAULT_SELECTION, KernelSelectionError, KernelUnavailable, named_choices, resolve
 from engine.model import SamplingParams, SequenceCache
 from engine.model.dtypes import default_dtype
@@ -30,7 +31,6 @@ from engine.quant.manifest import MANIFEST_NAME
 from engine.runtime import LOAD_ERRORS, Engine
 from engine.runtime.compiled import step_option
 from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
-from harness.caps import MemoryCap
 from harness.receipt import write_receipt
 from runners.bandwidth import copy_bandwidth_gbs
 from runners.options import positive_ints, results_option

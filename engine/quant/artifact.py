@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine.codec import LinearWeight
 from engine.progress import ProgressFactory, no_progress
 from engine.quant.build import Unit
-from engine.quant.codec import LinearWeight
 from engine.quant.manifest import ArtifactError, bank_name, read_manifest
 from engine.quant.plan import Plan
 from engine.quant.verify import verify_artifact
