@@ -20,15 +20,10 @@ nox.options.sessions = ["tests"]
 
 PYTHON = "3.11"
 LITELLM = "litellm[proxy]==1.108.7"  # the peer proxy `bench-proxy-peers` measures k3 against
-ISSUES = {"runners": "issue #8 (runners)"}
 
 
 def install(session: nox.Session, extras: str = "") -> None:
     session.install("-e", f".[{extras}]" if extras else ".")
-
-
-def not_implemented(session: nox.Session, what: str, issue: str) -> None:
-    session.error(f"not implemented yet: {what} — see {issue}")
 
 
 def regenerate(session: nox.Session) -> None:
