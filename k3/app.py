@@ -57,7 +57,7 @@ from k3.engine_transport import EngineTransport
 from k3.errors import ProxyError, bad_request, error_body
 from k3.ir import Event
 from k3.pipeline import Collector, Translator, completion_to_chunk, make_text_parser
-from k3.tokens import estimate
+from k3.tokens import estimate, rough_tokens
 from k3.upstream import Upstream
 from k3.upstream_request import build_payload, encode_payload, tool_to_upstream
 
@@ -365,7 +365,7 @@ class K3:
         # Chat has no vehicle for a signature; hidden reasoning is found again by fingerprint.
         sign = memory.sign if turn.dialect != "chat" and turn.show_reasoning else None
         vehicle = "kimi_k3" if parser_name == "kimi_k3" else "think"
-        return Translator(parser, request.stop, len(payload) // 4, sign, vehicle)
+        return Translator(parser, request.stop, rough_tokens(len(payload)), sign, vehicle)
 
     def _record(
         self, turn: Turn, memory: TurnMemory, events: list[Event] | Collector, translator: Translator
@@ -484,7 +484,7 @@ class K3:
             payload = build_payload(request, self.config, model)
             encode_payload(payload, body)  # the tokenizer call must not be the first to find a bad value
         except Exception:  # counting never fails on an odd body: estimate from its size
-            return await send_json(send, 200, orjson.dumps({"input_tokens": max(1, len(raw) // 4)}))
+            return await send_json(send, 200, orjson.dumps({"input_tokens": rough_tokens(len(raw))}))
         count = await self.upstream.count_tokens(payload)
         await send_json(
             send, 200, orjson.dumps({"input_tokens": count if count is not None else estimate(payload)})

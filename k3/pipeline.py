@@ -42,6 +42,7 @@ from k3.ir import (
     Usage,
 )
 from k3.reasoning.fingerprint import visible_text
+from k3.tokens import rough_tokens
 from k3.tools import Parser, Reasoning, Text, ThinkSplitter, make_parser
 from k3.tools.ids import new_call_id
 from k3.tools.native import NativeToolCalls
@@ -226,7 +227,7 @@ class Translator:
         if usage is None:  # the engine sent none: a documented chars/4 estimate
             usage = Usage(
                 input_tokens=self._input_estimate,
-                output_tokens=max(1, self._chars // 4) if self._chars else 0,
+                output_tokens=rough_tokens(self._chars) if self._chars else 0,
             )
         self.usage = usage
         out.append(Finish(stop, usage, self._stop_sequence if stop == "stop" else None))
