@@ -16,7 +16,7 @@ from __future__ import annotations
 from k3.config import Config
 from k3.ir import Message, Part, ReasoningPart, TextPart, ToolCallPart
 from k3.reasoning import ReasoningMemory, session_key
-from k3.reasoning.memory import Turn
+from k3.reasoning.memory import RecordedTurn
 from k3.tools.events import Reasoning, Text, ToolCall
 
 SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-session-id")
@@ -61,7 +61,7 @@ class TurnMemory:
         self._headers = headers
         self._preset = preset
         self._key: str | None = None
-        self._turn: Turn | None = None
+        self._turn: RecordedTurn | None = None
         self.committed = False
 
     @property
@@ -99,7 +99,7 @@ class TurnMemory:
                 turn.add(ToolCall(part.id, part.name, part.arguments))
         turn.commit()
 
-    def _ledger_turn(self) -> Turn:
+    def _ledger_turn(self) -> RecordedTurn:
         if self._turn is None:
             self._turn = self._memory.begin_turn(self.session, self._position)
         return self._turn

@@ -4,7 +4,7 @@ Typical use by a model loader::
 
     art = Artifact.open(path)                          # refuses an artifact that fails verification
     wq = art.linear("model.layers.0.self_attn.q_proj.weight", device)   # LinearWeight (int4/int8/dense)
-    bank = art.expert_bank(1, "w1", device)            # ExpertBank: [slots, N, K/2] codes + scales
+    bank = art.expert_bank(1, "w1", device)            # StoredExpertBank: [slots, N, K/2] codes + scales
     norm = art.tensor("model.norm.weight", device)
 """
 
@@ -31,8 +31,9 @@ class ArtifactVerificationError(ArtifactError):
 
 
 @dataclass(frozen=True)
-class ExpertBank:
-    """A layer's stacked expert projection: slots ``0..routed-1`` are routed experts, then the shared one."""
+class StoredExpertBank:
+    """A layer's stacked expert projection as stored (the module is `engine.model.moe.ExpertBank`): slots
+    ``0..routed-1`` are routed experts, then the shared one."""
 
     weight: LinearWeight  # [slots, N, ...]
     routed: int
@@ -111,12 +112,14 @@ class Artifact:
             raise ArtifactError(f"{name} is an expert bank; use expert_bank()")
         return stored_weight(unit, self.parts(unit, device), self.plan)
 
-    def expert_bank(self, layer: int, projection: str, device: torch.device | str = "cpu") -> ExpertBank:
+    def expert_bank(
+        self, layer: int, projection: str, device: torch.device | str = "cpu"
+    ) -> StoredExpertBank:
         """The stacked ``w1`` (gate), ``w3`` (up) or ``w2`` (down) bank of an MoE layer."""
         unit = self.unit(bank_name(layer, projection))
         weight = stored_weight(unit, self.parts(unit, device), self.plan)
         shared = unit.shared_slot
-        return ExpertBank(weight, len(unit.sources) - (shared is not None), shared)
+        return StoredExpertBank(weight, len(unit.sources) - (shared is not None), shared)
 
 
 def stored_weight(unit: Unit, parts: dict[str, torch.Tensor], plan: Plan) -> LinearWeight:
