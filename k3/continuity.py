@@ -81,6 +81,10 @@ class TurnMemory:
         """The signature of one reasoning segment of this turn (thinking signature, encrypted_content)."""
         return self._ledger_turn().sign(reasoning)
 
+    def skip(self) -> None:
+        """Nothing of this turn needs restoring later (a plain text answer): record nothing."""
+        self.committed = True
+
     def commit(self, parts: list[Part], field: str | None) -> None:
         """Record the turn once. The caller skips turns with nothing to restore later (no
         reasoning, no tool call); `field` is the reasoning vehicle the reply used (for `auto`).

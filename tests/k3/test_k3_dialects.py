@@ -9,6 +9,7 @@ from k3_helpers import anthropic_stream, chat_stream, responses_stream, sse_fram
 
 from k3 import presets
 from k3.config import Config
+from k3.dialects import DIALECTS, Dialect
 from k3.dialects import anthropic as anthropic_dialect
 from k3.dialects import chat as chat_dialect
 from k3.dialects import responses as responses_dialect
@@ -523,3 +524,9 @@ def test_responses_custom_tool_call_round_trips_as_custom_item():
         CanonicalResponse([ToolCallPart("c9", "apply_patch", args)], "tool_calls", Usage()), t
     )
     assert rendered["output"][0]["input"] == "*** Begin Patch\n*** End Patch\n"
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_each_dialect_module_implements_the_protocol(name):
+    assert isinstance(DIALECTS[name], Dialect)
+    assert callable(DIALECTS[name].Stream)
