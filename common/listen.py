@@ -51,9 +51,9 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1", timeout_keep_alive: float
     closes an idle keep-alive connection."""
     sock = listening_socket(host, 0)
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, log_level="error", lifespan="off", access_log=False, timeout_keep_alive=timeout_keep_alive
-    )
+    # uvicorn annotates timeout_keep_alive as int; it takes a float (the tests use 0.3 s).
+    config = uvicorn.Config(app, log_level="error", lifespan="off", access_log=False)
+    config.timeout_keep_alive = timeout_keep_alive  # type: ignore[assignment]
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()

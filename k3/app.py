@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -94,7 +94,7 @@ def _unanticipated(exc: Exception) -> ProxyError:
     return bad_request(f"could not parse request: {type(exc).__name__}: {exc}")
 
 
-def _translation_error(exc: Exception) -> ProxyError:
+def _translation_error(exc: BaseException) -> ProxyError:
     log.exception("could not translate the upstream reply")
     return ProxyError(
         502,
@@ -484,7 +484,7 @@ def create_app(config: Config, *, upstream_transport: httpx.AsyncBaseTransport |
     ]
 
     @asynccontextmanager
-    async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         await k3.drain.idle(SETTLE)  # a turn still ending may yet write the ledger: it closes last
         await k3.upstream.aclose()

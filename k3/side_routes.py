@@ -75,6 +75,7 @@ class SideRoutes:
 
     async def health(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = headers_of(scope)
+        detail: dict[str, Any]
         try:
             served = await self.k3.upstream.models()
             status, detail = "ok", {"models": served}

@@ -33,4 +33,7 @@ class Dialect(Protocol):
         """A whole reply as the dialect's JSON body."""
         ...
 
-    Stream: Callable[[Turn], StreamEncoder]
+    @property
+    def Stream(self) -> Callable[[Turn], StreamEncoder]:
+        """The stream encoder for a turn (the module's class `Stream`)."""
+        ...
