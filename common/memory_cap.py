@@ -13,6 +13,14 @@ import threading
 import psutil
 
 GIB = 1 << 30
+# The cap `kimi-engine serve` and the runners plan under unless --memory-cap-gib says otherwise: on a GPU
+# the allocator's, on the CPU resident memory (the engine also refuses a plan larger than physical RAM).
+DEFAULT_CAP_GIB = {"cuda": 32.0, "cpu": 16.0}
+
+
+def default_cap_gib(device: str) -> float:
+    """The default memory cap on `device` ("cpu", "cuda", "cuda:N")."""
+    return DEFAULT_CAP_GIB["cuda" if str(device).startswith("cuda") else "cpu"]
 
 
 class MemoryCapExceeded(RuntimeError):

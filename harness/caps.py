@@ -1,6 +1,6 @@
 """The memory cap a measurement runs under lives in `common.memory_cap` (the engine enforces it, the harness
 records its report); these names stay importable from here for the runners."""
 
-from common.memory_cap import GIB, MemoryCap, MemoryCapExceeded
+from common.memory_cap import DEFAULT_CAP_GIB, GIB, MemoryCap, MemoryCapExceeded, default_cap_gib
 
-__all__ = ["GIB", "MemoryCap", "MemoryCapExceeded"]
+__all__ = ["DEFAULT_CAP_GIB", "GIB", "MemoryCap", "MemoryCapExceeded", "default_cap_gib"]
