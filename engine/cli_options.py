@@ -11,11 +11,11 @@ from __future__ import annotations
 import click
 import torch
 
+from common.memory_cap import default_cap_gib
 from engine.model.dtypes import default_dtype
 from engine.model.presets import PRESETS
 from engine.quant.plan import PLANS
 from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
-from harness.caps import default_cap_gib
 
 AUTO = "auto"
 NO_QUANT = "none"
@@ -85,7 +85,7 @@ def quant_plan(quant: str | None) -> str | None:
 
 
 def memory_cap_option(what: str = "The engine plans and runs under this cap"):
-    """`--memory-cap-gib`; the default per device is harness.caps.default_cap_gib's."""
+    """`--memory-cap-gib`; the default per device is common.memory_cap.default_cap_gib's."""
     return click.option(
         "--memory-cap-gib",
         type=click.FloatRange(min=0, min_open=True),

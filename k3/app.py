@@ -1,4 +1,7 @@
-"""The k3 ASGI application: routes, auth, body limits, the turn loop, streaming and errors.
+"""The k3 ASGI application: the routes, body limits, the turn loop, streaming and errors.
+
+Beside it: the side routes (k3.side_routes), the API key (k3.auth), the counters (k3.stats), the
+dialects behind the three turn routes (k3.dialects: each module implements `Dialect`).
 
 A client turn: read the body (413 over the limit), parse it (400), detect the client preset,
 lower it through the route's dialect into a CanonicalRequest, build the OpenAI Chat payload,
@@ -18,13 +21,10 @@ client's last frames, or on the way out if the client left before that.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
-from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from types import ModuleType
 from typing import Any
 
 import httpx
@@ -34,7 +34,8 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
-from k3 import VERSION, presets
+from k3 import presets
+from k3.auth import ApiKey
 from k3.config import Config
 from k3.connection import (
     SSE_HEADERS,
@@ -50,14 +51,15 @@ from k3.connection import (
 )
 from k3.continuity import TurnMemory, assistant_turns, open_memory
 from k3.detect import Detection, detect
-from k3.dialects import anthropic, chat, responses
+from k3.dialects import DIALECTS
 from k3.dialects.common import Turn, new_id
 from k3.draining import SETTLE, Drain
-from k3.engine_transport import EngineTransport
 from k3.errors import ProxyError, bad_request, error_body
 from k3.ir import Event
 from k3.pipeline import Collector, Translator, completion_to_chunk, make_text_parser
-from k3.tokens import estimate
+from k3.side_routes import SideRoutes
+from k3.stats import Stats
+from k3.tokens import rough_tokens
 from k3.upstream import Upstream
 from k3.upstream_request import build_payload, encode_payload, tool_to_upstream
 
@@ -83,14 +85,8 @@ def nests_deeper(value: Any, limit: int) -> bool:
     return False
 
 
-DIALECTS: dict[str, ModuleType] = {"anthropic": anthropic, "chat": chat, "responses": responses}
 TURN_ROUTES = {"/v1/messages": "anthropic", "/v1/chat/completions": "chat", "/v1/responses": "responses"}
 TURN_PATHS = {dialect: path for path, dialect in TURN_ROUTES.items()}
-
-
-def _guess_dialect(path: str, headers: dict[str, str]) -> str:
-    """Dialect for errors on routes that have none of their own."""
-    return "anthropic" if "messages" in path or "anthropic-version" in headers else "chat"
 
 
 def _unanticipated(exc: Exception) -> ProxyError:
@@ -98,66 +94,13 @@ def _unanticipated(exc: Exception) -> ProxyError:
     return bad_request(f"could not parse request: {type(exc).__name__}: {exc}")
 
 
-def _translation_error(exc: Exception) -> ProxyError:
+def _translation_error(exc: BaseException) -> ProxyError:
     log.exception("could not translate the upstream reply")
     return ProxyError(
         502,
         f"k3 could not translate the upstream reply: {type(exc).__name__}: {exc}",
         code="translation_error",
     )
-
-
-class Stats:
-    def __init__(self) -> None:
-        self.counters: Counter[str] = Counter()
-        self.by_preset: Counter[str] = Counter()
-        self.by_dialect: Counter[str] = Counter()
-        self.by_status: Counter[int] = Counter()  # finished turns by the status the client got
-        self.turn_seconds = 0.0  # summed over finished turns, for /metrics' average
-        self.reasoning_fields: dict[str, Counter[str]] = {}  # preset -> where replies carried reasoning
-
-    def finished(self, status: int, seconds: float) -> None:
-        self.by_status[status] += 1
-        self.turn_seconds += seconds
-
-    def prometheus(self, connections: dict[str, int] | None) -> str:
-        """The counters in Prometheus' text format (0.0.4)."""
-        lines = []
-
-        def metric(name: str, kind: str, text: str, samples: list[tuple[str, float]]) -> None:
-            lines.extend([f"# HELP {name} {text}", f"# TYPE {name} {kind}"])
-            lines.extend(f"{name}{labels} {value:g}" for labels, value in samples)
-
-        metric("k3_turns_total", "counter", "Finished turns by the status the client got.",
-               [(f'{{status="{s}"}}', n) for s, n in sorted(self.by_status.items())])  # fmt: skip
-        metric("k3_turn_seconds", "summary", "Time from a turn's upstream call to its last byte.",
-               [("_sum", self.turn_seconds), ("_count", sum(self.by_status.values()))])  # fmt: skip
-        metric("k3_turns_by_dialect_total", "counter", "Turns per client dialect.",
-               [(f'{{dialect="{d}"}}', n) for d, n in sorted(self.by_dialect.items())])  # fmt: skip
-        metric("k3_turns_by_preset_total", "counter", "Turns per detected client preset.",
-               [(f'{{preset="{p}"}}', n) for p, n in sorted(self.by_preset.items())])  # fmt: skip
-        for key in ("streamed", "errors", "disconnects", "count_tokens"):
-            metric(
-                f"k3_{key}_total", "counter", f"Count of {key.replace('_', ' ')}.", [("", self.counters[key])]
-            )
-        if connections is not None:
-            metric("k3_upstream_connections", "gauge", "Engine connections, open and idle.",
-                   [(f'{{state="{k}"}}', v) for k, v in sorted(connections.items())])  # fmt: skip
-        return "\n".join(lines) + "\n"
-
-    def saw_reasoning(self, preset: str, field: str) -> None:
-        self.reasoning_fields.setdefault(preset, Counter())[field] += 1
-
-    def json(self) -> dict[str, Any]:
-        counters = {
-            k: self.counters[k] for k in ("requests", "streamed", "errors", "disconnects", "count_tokens")
-        }
-        return {
-            "counters": counters,
-            "by_preset": dict(self.by_preset),
-            "by_dialect": dict(self.by_dialect),
-            "reasoning_fields": {p: dict(c) for p, c in self.reasoning_fields.items()},
-        }
 
 
 class K3:
@@ -170,10 +113,10 @@ class K3:
         self.memory = open_memory(config)
         self.late = LateStart()  # hang-up watches and keep-alive timers of long turns
         self.drain = Drain()  # the turns in flight, for a graceful shutdown
-        self._api_key = config.api_key.encode() if config.api_key else None
+        self.auth = ApiKey(config.api_key)
         # --strict-routes with --client: the dialects the pinned client does not speak get a 404.
         pinned = presets.get(config.client) if config.client and config.strict_routes else None
-        self._strict_refused = {d for d in DIALECTS if d not in pinned.dialects} if pinned else set()
+        self.strict_refused = {d for d in DIALECTS if d not in pinned.dialects} if pinned else set()
 
     async def refuse_route(self, scope: Scope, send: Send) -> None:
         """The 404 of --strict-routes, in the pinned client's dialect."""
@@ -184,19 +127,6 @@ class K3:
         await send_json(send, 404, error_body(presets.get(name).dialects[0], err))  # type: ignore[arg-type]
 
     # -- helpers --------------------------------------------------------------------------------
-
-    def authorized(self, headers: dict[str, str]) -> bool:
-        if self._api_key is None:
-            return True
-        candidates = [headers.get("x-api-key", "")]
-        auth = headers.get("authorization", "")
-        if auth[:7].lower() == "bearer ":
-            candidates.append(auth[7:].strip())
-        ok = False
-        for candidate in candidates:
-            if candidate:
-                ok |= hmac.compare_digest(candidate.encode(), self._api_key)
-        return ok
 
     async def read_body(self, receive: Receive, headers: dict[str, str]) -> bytes:
         limit = self.config.max_body_bytes
@@ -244,12 +174,11 @@ class K3:
     # -- the turn -------------------------------------------------------------------------------
 
     async def turn(self, scope: Scope, receive: Receive, send: Send, dialect: str) -> None:
-        if dialect in self._strict_refused:
+        if dialect in self.strict_refused:
             return await self.refuse_route(scope, send)
         headers = headers_of(scope)
         try:
-            if not self.authorized(headers):
-                raise ProxyError(401, "missing or invalid credentials", code="invalid_api_key")
+            self.auth.check(headers)
             body = self.parse_json(await self.read_body(receive, headers))
             found = self.detect(dialect, headers, body)
             module = DIALECTS[dialect]
@@ -376,7 +305,7 @@ class K3:
         # Chat has no vehicle for a signature; hidden reasoning is found again by fingerprint.
         sign = memory.sign if turn.dialect != "chat" and turn.show_reasoning else None
         vehicle = "kimi_k3" if parser_name == "kimi_k3" else "think"
-        return Translator(parser, request.stop, len(payload) // 4, sign, vehicle)
+        return Translator(parser, request.stop, rough_tokens(len(payload)), sign, vehicle)
 
     def _record(
         self, turn: Turn, memory: TurnMemory, events: list[Event] | Collector, translator: Translator
@@ -386,7 +315,7 @@ class K3:
         if memory.committed:
             return
         if translator.vehicle is None and not translator.tool_calls:
-            memory.committed = True  # nothing to restore later
+            memory.skip()  # nothing to restore later
             return
         if isinstance(events, Collector):
             collector = events
@@ -468,123 +397,6 @@ class K3:
                 # frames): what it got may still come back next turn, so record it.
                 self._finish_record(turn, memory, seen, translator)
 
-    # -- side routes ----------------------------------------------------------------------------
-
-    async def count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if "anthropic" in self._strict_refused:
-            return await self.refuse_route(scope, send)
-        headers = headers_of(scope)
-        try:
-            if not self.authorized(headers):
-                raise ProxyError(401, "missing or invalid credentials", code="invalid_api_key")
-            raw = await self.read_body(receive, headers)
-            body = self.parse_json(raw)
-        except ProxyError as err:
-            return await send_json(send, err.status, error_body("anthropic", err))
-        except ClientGone:
-            return
-        self.stats.counters["count_tokens"] += 1
-        try:
-            request = anthropic.ingress(body, self.config.model)
-            model = presets.upstream_model(
-                self.detect("anthropic", headers, body).preset,
-                request.model,
-                self.config.model,
-                self.config.small_model,
-            )
-            payload = build_payload(request, self.config, model)
-            encode_payload(payload, body)  # the tokenizer call must not be the first to find a bad value
-        except Exception:  # counting never fails on an odd body: estimate from its size
-            return await send_json(send, 200, orjson.dumps({"input_tokens": max(1, len(raw) // 4)}))
-        count = await self.upstream.count_tokens(payload)
-        await send_json(
-            send, 200, orjson.dumps({"input_tokens": count if count is not None else estimate(payload)})
-        )
-
-    async def models(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = headers_of(scope)
-        dialect = _guess_dialect("", headers)
-        if not self.authorized(headers):
-            return await send_json(
-                send, 401, error_body(dialect, ProxyError(401, "missing or invalid credentials"))
-            )
-        preset = self.detect(None, headers, None).preset
-        ids = presets.model_ids(preset, self.config.model, self.config.small_model)
-        body = (
-            anthropic.models_json(ids) if dialect == "anthropic" else chat.models_json(ids, int(time.time()))
-        )
-        await send_json(send, 200, orjson.dumps(body))
-
-    async def health(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = headers_of(scope)
-        try:
-            served = await self.upstream.models()
-            status, detail = "ok", {"models": served}
-        except ProxyError as err:
-            status, detail = "degraded", {"error": err.message}
-        body: dict[str, Any] = {"status": status}
-        if self._api_key is not None and self.authorized(headers):  # only for callers known to be allowed
-            body.update(
-                upstream=self.config.upstream_base,
-                model=self.config.model,
-                client=self.config.client or "auto",
-                **detail,
-            )
-        await send_json(send, 200 if status == "ok" else 503, orjson.dumps(body))
-
-    async def presets_route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        headers = headers_of(scope)
-        if not self.authorized(headers):
-            return await send_json(
-                send, 401, error_body("chat", ProxyError(401, "missing or invalid credentials"))
-            )
-        listing = [
-            {
-                "name": p.name,
-                "title": p.title,
-                "status": p.status,
-                "dialects": list(p.dialects),
-                "notes": p.notes,
-            }
-            for p in presets.PRESETS
-        ]
-        await send_json(send, 200, orjson.dumps({"active": self.config.client or "auto", "presets": listing}))
-
-    async def stats_route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not self.authorized(headers_of(scope)):
-            return await send_json(
-                send, 401, error_body("chat", ProxyError(401, "missing or invalid credentials"))
-            )
-        stats = {**self.stats.json(), "ledger": self.memory.stats()}
-        if (connections := self._connections()) is not None:
-            stats["upstream_connections"] = connections
-        await send_json(send, 200, orjson.dumps(stats))
-
-    def _connections(self) -> dict[str, int] | None:
-        transport = self.upstream.transport
-        return transport.connections() if isinstance(transport, EngineTransport) else None
-
-    async def metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Prometheus text: counts only (no prompts, no config), so open like /health's status."""
-        body = self.stats.prometheus(self._connections()).encode()
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8"),
-                                (b"content-length", str(len(body)).encode())]})  # fmt: skip
-        await send({"type": "http.response.body", "body": body})
-
-    async def version(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await send_json(send, 200, orjson.dumps({"name": "k3", "version": VERSION}))
-
-    async def root(self, scope: Scope, receive: Receive, send: Send) -> None:
-        # Claude Code probes `HEAD /` before its first request.
-        body = b"" if scope["method"] == "HEAD" else orjson.dumps({"name": "k3", "status": "ok"})
-        await send_json(send, 200, body)
-
-    async def not_found(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope["path"]
-        err = ProxyError(404, f"no route {scope['method']} {path}", code="not_found")
-        await send_json(send, 404, error_body(_guess_dialect(path, headers_of(scope)), err))
-
 
 class _Endpoint:
     """A raw ASGI endpoint (no Request/Response objects on the hot path)."""
@@ -663,6 +475,7 @@ async def _logged(app: Callable[..., Awaitable[None]], scope: Scope, receive: Re
 def create_app(config: Config, *, upstream_transport: httpx.AsyncBaseTransport | None = None) -> K3App:
     """The ASGI app. `upstream_transport` swaps the network for tests and benchmarks."""
     k3 = K3(config, upstream_transport)
+    side = SideRoutes(k3)
 
     def turn_handler(dialect: str) -> Callable[..., Awaitable[None]]:
         async def handler(scope: Scope, receive: Receive, send: Send) -> None:
@@ -673,19 +486,19 @@ def create_app(config: Config, *, upstream_transport: httpx.AsyncBaseTransport |
     turns = {path: turn_handler(dialect) for path, dialect in TURN_ROUTES.items()}
     routes = [
         *(Route(path, _Endpoint(turns[path], ("POST",), dialect)) for path, dialect in TURN_ROUTES.items()),
-        Route("/v1/messages/count_tokens", _Endpoint(k3.count_tokens, ("POST",), "anthropic")),
-        Route("/v1/models", _Endpoint(k3.models, ("GET",))),
-        Route("/health", _Endpoint(k3.health, ("GET",))),
-        Route("/k3/presets", _Endpoint(k3.presets_route, ("GET",))),
-        Route("/k3/stats", _Endpoint(k3.stats_route, ("GET",))),
-        Route("/metrics", _Endpoint(k3.metrics, ("GET",))),
-        Route("/version", _Endpoint(k3.version, ("GET",))),
-        Route("/", _Endpoint(k3.root, ("GET", "HEAD"))),
-        Route("/{path:path}", _Endpoint(k3.not_found, ())),
+        Route("/v1/messages/count_tokens", _Endpoint(side.count_tokens, ("POST",), "anthropic")),
+        Route("/v1/models", _Endpoint(side.models, ("GET",))),
+        Route("/health", _Endpoint(side.health, ("GET",))),
+        Route("/k3/presets", _Endpoint(side.presets_route, ("GET",))),
+        Route("/k3/stats", _Endpoint(side.stats_route, ("GET",))),
+        Route("/metrics", _Endpoint(side.metrics, ("GET",))),
+        Route("/version", _Endpoint(side.version, ("GET",))),
+        Route("/", _Endpoint(side.root, ("GET", "HEAD"))),
+        Route("/{path:path}", _Endpoint(side.not_found, ())),
     ]
 
     @asynccontextmanager
-    async def lifespan(app: Starlette):  # type: ignore[no-untyped-def]
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
         yield
         await k3.drain.idle(SETTLE)  # a turn still ending may yet write the ledger: it closes last
         await k3.upstream.aclose()

@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import re
-import socket
 import sqlite3
 import sys
 import time
@@ -18,7 +17,8 @@ from typing import Any
 import click
 import httpx
 
-from harness.logs import configure_logging, log_format_option
+from common.listen import listening_socket
+from common.logs import configure_logging, log_format_option
 from k3 import VERSION, presets
 from k3.config import (
     DEFAULT_MODEL,
@@ -370,16 +370,8 @@ def serve(
         raise click.UsageError(str(exc)) from None
     state_dir = _usable_state_dir(state_dir)  # only once the options are known to be good
     config = dataclasses.replace(config, state_dir=state_dir)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # IPPROTO_TCP explicitly: asyncio only disables Nagle on sockets whose proto says TCP, and with
-    # Nagle on, every keep-alive response waits ~40 ms for the client's delayed ACK.
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
-        # Listen before announcing the address: a client that connects before uvicorn starts is queued,
-        # not refused.
-        sock.listen(2048)
+        sock = listening_socket(host, port)  # before announcing the address
     except OSError as exc:
         raise click.UsageError(f"cannot bind {host}:{port}: {exc}") from None
     port = sock.getsockname()[1]

@@ -6,16 +6,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
 from k3.cancel import may_cancel
 
 log = logging.getLogger("k3")
 
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+Scope = MutableMapping[str, Any]  # the ASGI types, as Starlette and httpx spell them
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 WATCH_AFTER = 0.05  # the LateStart tick: turns shorter than this never start their watchers
 

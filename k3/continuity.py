@@ -16,7 +16,7 @@ from __future__ import annotations
 from k3.config import Config
 from k3.ir import Message, Part, ReasoningPart, TextPart, ToolCallPart
 from k3.reasoning import ReasoningMemory, session_key
-from k3.reasoning.memory import Turn
+from k3.reasoning.memory import RecordedTurn
 from k3.tools.events import Reasoning, Text, ToolCall
 
 SESSION_HEADERS = ("x-claude-code-session-id", "session-id", "x-session-id")
@@ -61,7 +61,7 @@ class TurnMemory:
         self._headers = headers
         self._preset = preset
         self._key: str | None = None
-        self._turn: Turn | None = None
+        self._turn: RecordedTurn | None = None
         self.committed = False
 
     @property
@@ -81,6 +81,10 @@ class TurnMemory:
         """The signature of one reasoning segment of this turn (thinking signature, encrypted_content)."""
         return self._ledger_turn().sign(reasoning)
 
+    def skip(self) -> None:
+        """Nothing of this turn needs restoring later (a plain text answer): record nothing."""
+        self.committed = True
+
     def commit(self, parts: list[Part], field: str | None) -> None:
         """Record the turn once. The caller skips turns with nothing to restore later (no
         reasoning, no tool call); `field` is the reasoning vehicle the reply used (for `auto`).
@@ -99,7 +103,7 @@ class TurnMemory:
                 turn.add(ToolCall(part.id, part.name, part.arguments))
         turn.commit()
 
-    def _ledger_turn(self) -> Turn:
+    def _ledger_turn(self) -> RecordedTurn:
         if self._turn is None:
             self._turn = self._memory.begin_turn(self.session, self._position)
         return self._turn

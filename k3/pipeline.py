@@ -23,25 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from k3 import ir
 from k3.errors import ProxyError
-from k3.ir import (
-    CanonicalResponse,
-    Event,
-    Finish,
-    Part,
-    ReasoningDelta,
-    ReasoningEnd,
-    ReasoningPart,
-    StopReason,
-    TextDelta,
-    TextPart,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallPart,
-    ToolCallStart,
-    Usage,
-)
 from k3.reasoning.fingerprint import visible_text
+from k3.tokens import rough_tokens
 from k3.tools import Parser, Reasoning, Text, ThinkSplitter, make_parser
 from k3.tools.ids import new_call_id
 from k3.tools.native import NativeToolCalls
@@ -116,12 +101,12 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def parse_usage(raw: dict[str, Any]) -> Usage:
+def parse_usage(raw: dict[str, Any]) -> ir.Usage:
     prompt = raw.get("prompt_tokens", raw.get("input_tokens"))
     completion = raw.get("completion_tokens", raw.get("output_tokens"))
     prompt_details = raw.get("prompt_tokens_details")
     completion_details = raw.get("completion_tokens_details")
-    return Usage(
+    return ir.Usage(
         input_tokens=_int(prompt),
         output_tokens=_int(completion),
         cached_input_tokens=_int(prompt_details.get("cached_tokens"))
@@ -156,8 +141,8 @@ class Translator:
         self._emitted: dict[int, _Emission] = {}  # per folded call, keyed like the fold
         self._active: int | None = None  # the native call whose deltas stream now
         self._next_index = 0
-        self._usage: Usage | None = None
-        self.usage: Usage | None = None  # the reply's, as finish() reported it
+        self._usage: ir.Usage | None = None
+        self.usage: ir.Usage | None = None  # the reply's, as finish() reported it
         self._finish_reason: str | None = None
         self._stop_sequence: str | None = None
         self.tool_calls = 0  # calls announced so far
@@ -165,8 +150,8 @@ class Translator:
 
     # -- upstream side -------------------------------------------------------------------------
 
-    def feed(self, chunk: dict[str, Any]) -> list[Event]:
-        out: list[Event] = []
+    def feed(self, chunk: dict[str, Any]) -> list[ir.Event]:
+        out: list[ir.Event] = []
         usage = chunk.get("usage")
         if isinstance(usage, dict):
             self._usage = parse_usage(usage)
@@ -209,8 +194,8 @@ class Translator:
                 self._stop_sequence = stop_reason
         return out
 
-    def finish(self) -> list[Event]:
-        out: list[Event] = []
+    def finish(self) -> list[ir.Event]:
+        out: list[ir.Event] = []
         self._apply(self._parser.finish(), out)
         self._close_reasoning(out)
         self._close_active(out)
@@ -219,41 +204,41 @@ class Translator:
             if not emission.closed and self._native[key].name:
                 self._start(key, out)
                 self._close(key, out)
-        stop: StopReason = _FINISH.get(self._finish_reason or "stop", "stop")  # type: ignore[assignment]
+        stop: ir.StopReason = _FINISH.get(self._finish_reason or "stop", "stop")  # type: ignore[assignment]
         if self.tool_calls and stop == "stop":
             stop = "tool_calls"
         usage = self._usage
         if usage is None:  # the engine sent none: a documented chars/4 estimate
-            usage = Usage(
+            usage = ir.Usage(
                 input_tokens=self._input_estimate,
-                output_tokens=max(1, self._chars // 4) if self._chars else 0,
+                output_tokens=rough_tokens(self._chars) if self._chars else 0,
             )
         self.usage = usage
-        out.append(Finish(stop, usage, self._stop_sequence if stop == "stop" else None))
+        out.append(ir.Finish(stop, usage, self._stop_sequence if stop == "stop" else None))
         return out
 
     # -- helpers --------------------------------------------------------------------------------
 
-    def _reason(self, text: str, out: list[Event]) -> None:
+    def _reason(self, text: str, out: list[ir.Event]) -> None:
         if self._reasoning is None:
             self._reasoning = []
         self._reasoning.append(text)
         self._chars += len(text)
-        out.append(ReasoningDelta(text))
+        out.append(ir.ReasoningDelta(text))
 
-    def _close_reasoning(self, out: list[Event]) -> None:
+    def _close_reasoning(self, out: list[ir.Event]) -> None:
         if self._reasoning is not None:
             text = "".join(self._reasoning)
-            out.append(ReasoningEnd(text, self._sign(text) if self._sign is not None else None))
+            out.append(ir.ReasoningEnd(text, self._sign(text) if self._sign is not None else None))
             self._reasoning = None
 
-    def _visible(self, text: str, out: list[Event]) -> None:
+    def _visible(self, text: str, out: list[ir.Event]) -> None:
         self._close_active(out)
         self._close_reasoning(out)
         self._chars += len(text)
-        out.append(TextDelta(text))
+        out.append(ir.TextDelta(text))
 
-    def _apply(self, events: list[Any], out: list[Event]) -> None:
+    def _apply(self, events: list[Any], out: list[ir.Event]) -> None:
         for event in events:
             if isinstance(event, Text):
                 if event.text:
@@ -272,12 +257,12 @@ class Translator:
                 self.tool_calls += 1
                 self._chars += len(event.arguments)
                 call_id = event.id or new_call_id()
-                out.append(ToolCallStart(index, call_id, event.name))
+                out.append(ir.ToolCallStart(index, call_id, event.name))
                 if event.arguments:
-                    out.append(ToolCallDelta(index, event.arguments))
-                out.append(ToolCallEnd(index, call_id, event.name, event.arguments))
+                    out.append(ir.ToolCallDelta(index, event.arguments))
+                out.append(ir.ToolCallEnd(index, call_id, event.name, event.arguments))
 
-    def _native_fragment(self, fragment: object, out: list[Event]) -> None:
+    def _native_fragment(self, fragment: object, out: list[ir.Event]) -> None:
         key = self._native.fold(fragment)
         if key is None:
             return
@@ -298,7 +283,7 @@ class Translator:
             self._active = key
         self._send_arguments(key, out)
 
-    def _start(self, key: int, out: list[Event]) -> None:
+    def _start(self, key: int, out: list[ir.Event]) -> None:
         emission = self._emitted[key]
         if emission.started:
             return
@@ -307,23 +292,23 @@ class Translator:
         self._next_index += 1
         self.tool_calls += 1
         call = self._native[key]
-        out.append(ToolCallStart(emission.index, call.mint_id(), call.name))
+        out.append(ir.ToolCallStart(emission.index, call.mint_id(), call.name))
 
-    def _send_arguments(self, key: int, out: list[Event]) -> None:
+    def _send_arguments(self, key: int, out: list[ir.Event]) -> None:
         emission, pieces = self._emitted[key], self._native[key].arguments
         if emission.sent < len(pieces):
             text = "".join(pieces[emission.sent :])
             self._chars += len(text)
-            out.append(ToolCallDelta(emission.index, text))
+            out.append(ir.ToolCallDelta(emission.index, text))
             emission.sent = len(pieces)
 
-    def _close(self, key: int, out: list[Event]) -> None:
+    def _close(self, key: int, out: list[ir.Event]) -> None:
         self._send_arguments(key, out)
         emission, call = self._emitted[key], self._native[key]
         emission.closed = True
-        out.append(ToolCallEnd(emission.index, call.id, call.name, "".join(call.arguments)))
+        out.append(ir.ToolCallEnd(emission.index, call.id, call.name, "".join(call.arguments)))
 
-    def _close_active(self, out: list[Event]) -> None:
+    def _close_active(self, out: list[ir.Event]) -> None:
         if self._active is not None:
             self._close(self._active, out)
             self._active = None
@@ -335,29 +320,29 @@ class Collector:
     __slots__ = ("parts", "_text", "finish")
 
     def __init__(self) -> None:
-        self.parts: list[Part] = []
+        self.parts: list[ir.Part] = []
         self._text: list[str] = []
-        self.finish: Finish | None = None
+        self.finish: ir.Finish | None = None
 
-    def add(self, event: Event) -> None:
-        if isinstance(event, TextDelta):
+    def add(self, event: ir.Event) -> None:
+        if isinstance(event, ir.TextDelta):
             self._text.append(event.text)
-        elif isinstance(event, ReasoningDelta):
+        elif isinstance(event, ir.ReasoningDelta):
             self._flush_text()
-        elif isinstance(event, ReasoningEnd):
-            self.parts.append(ReasoningPart(event.text, event.signature))
-        elif isinstance(event, ToolCallEnd):
+        elif isinstance(event, ir.ReasoningEnd):
+            self.parts.append(ir.ReasoningPart(event.text, event.signature))
+        elif isinstance(event, ir.ToolCallEnd):
             self._flush_text()
-            self.parts.append(ToolCallPart(event.id, event.name, event.arguments))
-        elif isinstance(event, Finish):
+            self.parts.append(ir.ToolCallPart(event.id, event.name, event.arguments))
+        elif isinstance(event, ir.Finish):
             self._flush_text()
             self.finish = event
 
     def _flush_text(self) -> None:
         if self._text:
-            self.parts.append(TextPart("".join(self._text)))
+            self.parts.append(ir.TextPart("".join(self._text)))
             self._text = []
 
-    def response(self) -> CanonicalResponse:
-        finish = self.finish or Finish("stop", Usage())
-        return CanonicalResponse(self.parts, finish.stop_reason, finish.usage, finish.stop_sequence)
+    def response(self) -> ir.CanonicalResponse:
+        finish = self.finish or ir.Finish("stop", ir.Usage())
+        return ir.CanonicalResponse(self.parts, finish.stop_reason, finish.usage, finish.stop_sequence)

@@ -1,4 +1,6 @@
-"""Prompt-size estimate for `/v1/messages/count_tokens` when the engine has no tokenizer endpoint.
+"""Token estimates where the engine gives no count: four characters a token.
+
+`estimate` is the prompt size for `/v1/messages/count_tokens` when the engine has no tokenizer endpoint.
 
 The estimate is ceil(characters / 4) over every text the engine would read (message contents,
 reasoning, tool-call names and arguments, tool results, tool definitions as JSON), plus 4 per
@@ -14,6 +16,11 @@ import orjson
 CHARS_PER_TOKEN = 4
 PER_MESSAGE = 4
 PER_IMAGE = 768
+
+
+def rough_tokens(chars: int) -> int:
+    """Tokens in a text of `chars` characters by the plain rule (chars / 4, rounded down), at least 1."""
+    return max(1, chars // CHARS_PER_TOKEN)
 
 
 def _chars(content: Any) -> tuple[int, int]:

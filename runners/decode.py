@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 import torch
 
+from common.memory_cap import MemoryCap, default_cap_gib
 from engine.cli_options import (
     NO_QUANT,
     cuda_graphs_option,
@@ -39,7 +40,6 @@ from engine.model import SamplingParams, SequenceCache
 from engine.quant.manifest import MANIFEST_NAME
 from engine.runtime import LOAD_ERRORS, Engine
 from engine.runtime.compiled import step_option
-from harness.caps import MemoryCap, default_cap_gib
 from harness.receipt import write_receipt
 from runners.bandwidth import copy_bandwidth_gbs
 from runners.options import positive_ints, results_option

@@ -58,7 +58,7 @@ _MODEL_SOURCES = (
     "engine/model/checkpoint_spec.py",
     "runners/gguf_requantize.py",
     "engine/quant/build.py",
-    "engine/quant/codec.py",
+    "engine/codec.py",
     "engine/quant/plan.py",
 )
 GGUF_TYPES = ("f16", "q4_0")

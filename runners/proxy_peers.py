@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import importlib.metadata
-import socket
 import statistics
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import click
 import httpx
 import orjson
 
+from common.listen import free_port
 from harness.receipt import write_receipt
 from k3.bench import DIALECTS, ROUTES, client_request
 from runners.options import results_option
@@ -47,12 +47,6 @@ general_settings:
 """
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def litellm_version() -> str:
     try:
         return importlib.metadata.version("litellm")
@@ -70,7 +64,7 @@ def litellm_server(engine_base: str, scratch: Path):
     path = scratch / "litellm.yaml"
     path.write_text(config)
     cmd = [sys.executable, "-m", "litellm.proxy.proxy_cli", "--config", str(path), "--host", "127.0.0.1",
-           "--port", str(_free_port())]  # fmt: skip
+           "--port", str(free_port())]  # fmt: skip
     # The bundled model-price map, not a download this machine cannot make (it only slows startup).
     env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True"}
     with server_process(cmd, "Uvicorn running on", startup_s=180, extra_env=env) as (base, _):

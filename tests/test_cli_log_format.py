@@ -10,7 +10,7 @@ import re
 import httpx
 import pytest
 
-from harness.logs import JsonFormatter, configure_logging
+from common.logs import JsonFormatter, configure_logging
 from tests.server.server_support import CliProcess
 
 SECRET_PROMPT = "a secret prompt"

@@ -2,7 +2,7 @@
 
 Operations (signatures in engine/kernels/reference.py): w4a16_gemv, w8a16_gemv, w16a16_gemv,
 w4a16_grouped_gemv, w4a16_grouped_swiglu, route_combine. ``linear(x, weight)`` dispatches a
-:class:`~engine.quant.codec.LinearWeight` to the GEMV for its format.
+:class:`~engine.codec.LinearWeight` to the GEMV for its format.
 """
 
 from engine.kernels import int4pack, native, reference, variants  # noqa: F401  (define the operations, register variants)

@@ -20,9 +20,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.codec import unpack_int4
 from engine.kernels import reference, registry  # noqa: F401  (reference defines the operations)
 from engine.kernels.signatures import output
-from engine.quant.codec import unpack_int4
 
 ACTIVATION = torch.bfloat16
 ROW_MULTIPLE = 16  # the packer's requirement on N

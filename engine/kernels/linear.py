@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 import torch
 
+from engine.codec import LinearWeight
 from engine.kernels import registry
-from engine.quant.codec import LinearWeight
 
 GEMV_FOR_FORMAT = {"int4": "w4a16_gemv", "int8": "w8a16_gemv", "dense": "w16a16_gemv"}
 

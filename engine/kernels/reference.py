@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.codec import LinearWeight, dequantize
 from engine.kernels import registry
 from engine.kernels.signatures import combine_shape, gemv_shape, grouped_shape, output
-from engine.quant.codec import LinearWeight, dequantize
 
 registry.define(
     "w4a16_gemv",

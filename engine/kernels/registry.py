@@ -62,7 +62,8 @@ class Selection:
 
 
 _OPERATIONS: dict[str, Operation] = {}
-# Filled by engine.kernels.backends: device type -> reason Triton kernels cannot run there (None: they can).
+# Set by engine.kernels.variants (set_triton_availability): device type -> why Triton kernels cannot run
+# there (None: they can).
 _triton_unavailable: Callable[[str], str | None] = lambda device_type: "Triton kernels are not registered"
 
 

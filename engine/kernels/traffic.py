@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.quant.codec import quantized_nbytes
+from engine.codec import quantized_nbytes
 
 ACTIVATION_BYTES = 2  # BF16
 _OUT_BYTES = {"bf16": 2, "fp32": 4}

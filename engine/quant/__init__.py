@@ -1,10 +1,10 @@
 """Selective INT4 quantisation: codec, plans, artifact builder, verifier, loader, and the model built from
 stored weights with the registry's kernels (docs/INT4.md)."""
 
-from engine.quant.artifact import Artifact, ArtifactVerificationError, ExpertBank
+from engine.codec import LinearWeight, dequantize, pack_int4, quantize, unpack_int4
+from engine.quant.artifact import Artifact, ArtifactVerificationError, StoredExpertBank
 from engine.quant.budget import TokenBytes, decode_bytes_per_token
 from engine.quant.build import build_artifact
-from engine.quant.codec import LinearWeight, dequantize, pack_int4, quantize, unpack_int4
 from engine.quant.manifest import ArtifactError
 from engine.quant.packed import PackedExpertBank, PackedLinear
 from engine.quant.plan import PLANS, Plan, make_plan
@@ -24,11 +24,11 @@ __all__ = [
     "Artifact",
     "ArtifactError",
     "ArtifactVerificationError",
-    "ExpertBank",
     "LinearWeight",
     "PackedExpertBank",
     "PackedLinear",
     "Plan",
+    "StoredExpertBank",
     "TokenBytes",
     "VerifyReport",
     "build_artifact",

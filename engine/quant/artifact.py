@@ -4,7 +4,7 @@ Typical use by a model loader::
 
     art = Artifact.open(path)                          # refuses an artifact that fails verification
     wq = art.linear("model.layers.0.self_attn.q_proj.weight", device)   # LinearWeight (int4/int8/dense)
-    bank = art.expert_bank(1, "w1", device)            # ExpertBank: [slots, N, K/2] codes + scales
+    bank = art.expert_bank(1, "w1", device)            # StoredExpertBank: [slots, N, K/2] codes + scales
     norm = art.tensor("model.norm.weight", device)
 """
 
@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine.codec import LinearWeight
 from engine.progress import ProgressFactory, no_progress
 from engine.quant.build import Unit
-from engine.quant.codec import LinearWeight
 from engine.quant.manifest import ArtifactError, bank_name, read_manifest
 from engine.quant.plan import Plan
 from engine.quant.verify import verify_artifact
@@ -31,8 +31,9 @@ class ArtifactVerificationError(ArtifactError):
 
 
 @dataclass(frozen=True)
-class ExpertBank:
-    """A layer's stacked expert projection: slots ``0..routed-1`` are routed experts, then the shared one."""
+class StoredExpertBank:
+    """A layer's stacked expert projection as stored (the module is `engine.model.moe.ExpertBank`): slots
+    ``0..routed-1`` are routed experts, then the shared one."""
 
     weight: LinearWeight  # [slots, N, ...]
     routed: int
@@ -111,12 +112,14 @@ class Artifact:
             raise ArtifactError(f"{name} is an expert bank; use expert_bank()")
         return stored_weight(unit, self.parts(unit, device), self.plan)
 
-    def expert_bank(self, layer: int, projection: str, device: torch.device | str = "cpu") -> ExpertBank:
+    def expert_bank(
+        self, layer: int, projection: str, device: torch.device | str = "cpu"
+    ) -> StoredExpertBank:
         """The stacked ``w1`` (gate), ``w3`` (up) or ``w2`` (down) bank of an MoE layer."""
         unit = self.unit(bank_name(layer, projection))
         weight = stored_weight(unit, self.parts(unit, device), self.plan)
         shared = unit.shared_slot
-        return ExpertBank(weight, len(unit.sources) - (shared is not None), shared)
+        return StoredExpertBank(weight, len(unit.sources) - (shared is not None), shared)
 
 
 def stored_weight(unit: Unit, parts: dict[str, torch.Tensor], plan: Plan) -> LinearWeight:

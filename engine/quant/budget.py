@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.codec import quantized_nbytes
 from engine.model.checkpoint_spec import TensorSpec, checkpoint_tensors
 from engine.model.config import KimiLinearConfig
-from engine.quant.codec import quantized_nbytes
 from engine.quant.plan import Plan
 
 

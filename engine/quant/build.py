@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from engine.codec import INT4_MAX, INT8_MAX, quantize
 from engine.model.checkpoint_spec import TensorSpec, checkpoint_tensors
 from engine.model.config import ConfigError, KimiLinearConfig
 from engine.progress import ProgressFactory, no_progress
 from engine.quant.budget import stored_nbytes
-from engine.quant.codec import INT4_MAX, INT8_MAX, quantize
 from engine.quant.manifest import (
     ARTIFACT_FORMAT,
     DTYPE_NAMES,

@@ -8,9 +8,9 @@ from pathlib import Path
 import click
 import torch
 
+from engine.codec import SCALE_DTYPES, CodecError
 from engine.progress import stderr_progress
 from engine.quant.build import build_artifact
-from engine.quant.codec import SCALE_DTYPES, CodecError
 from engine.quant.manifest import ArtifactError
 from engine.quant.plan import HEAD_PRECISIONS, PLANS, PlanError, make_plan
 from engine.quant.verify import verify_artifact

@@ -21,10 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.codec import LinearWeight, dequantize
 from engine.kernels.linear import GEMV_FOR_FORMAT
 from engine.kernels.registry import Selection, Variant
 from engine.model.moe import grouped_expert_ffn, grouped_expert_rows
-from engine.quant.codec import LinearWeight, dequantize
 
 # Up to this many rows (tokens x sequences) go through the GEMV kernels; more take the prefill path.
 DECODE_MAX_ROWS = 16

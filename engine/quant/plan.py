@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from engine.quant.codec import SCALE_DTYPES
+from engine.codec import SCALE_DTYPES
 
 # Storage precisions: "int4" / "int8" (codec.py), "bf16" (cast to BF16), "keep" (as in the checkpoint).
 PRECISIONS = ("int4", "int8", "bf16", "keep")

@@ -29,6 +29,7 @@ from typing import Protocol
 
 import torch
 
+from engine.codec import LinearWeight, dequantize
 from engine.kernels import registry
 from engine.model.checkpoint_spec import TensorSpec, checkpoint_tensors
 from engine.model.config import KimiLinearConfig
@@ -39,7 +40,6 @@ from engine.model.model import KimiLinearForCausalLM
 from engine.progress import ProgressFactory, no_progress
 from engine.quant.artifact import Artifact, stored_weight
 from engine.quant.build import Unit, encode_unit, plan_units
-from engine.quant.codec import LinearWeight, dequantize
 from engine.quant.manifest import ArtifactError
 from engine.quant.packed import PackedExpertBank, PackedLinear
 from engine.quant.plan import Plan

@@ -14,8 +14,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from engine.codec import LinearWeight, dequantize, integer_codes, roundtrip_error_bound
 from engine.progress import ProgressFactory, no_progress
-from engine.quant.codec import LinearWeight, dequantize, integer_codes, roundtrip_error_bound
 from engine.quant.manifest import (
     ArtifactError,
     read_manifest,

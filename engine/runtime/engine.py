@@ -21,6 +21,7 @@ from pathlib import Path
 import psutil
 import torch
 
+from common.memory_cap import MemoryCap
 from engine.kernels import ENV_VAR, KernelSelectionError, KernelUnavailable, env_selection, unused_env_entries
 from engine.model import CheckpointError, ConfigError, KimiLinearForCausalLM, SamplingParams, Tokenizer
 from engine.model.dtypes import default_dtype
@@ -42,7 +43,6 @@ from engine.runtime.memory import (
 from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.sampling import Sampler
 from engine.runtime.state import restore_snapshot, transfer
-from harness.caps import MemoryCap
 
 # Everything `Engine.load` raises for weights, plans or settings it cannot serve: a CLI shows the message.
 LOAD_ERRORS = (

@@ -3,7 +3,7 @@
 The plan is made before the weights are allocated (sizes come from the model built on the `meta` device),
 so a max context that cannot fit is refused at start-up with a message saying what would. Prefill
 activation memory is an estimate (an upper bound of the live tensors of the largest layer, plus a
-margin); the cap itself is enforced by `harness.caps.MemoryCap` (the CUDA allocator's limit on a GPU,
+margin); the cap itself is enforced by `common.memory_cap.MemoryCap` (the CUDA allocator's limit on a GPU,
 resident memory on the CPU), so an estimate that is too low fails a request, never the machine.
 """
 
@@ -14,15 +14,15 @@ from dataclasses import dataclass
 import psutil
 import torch
 
+from common.memory_cap import GIB
 from engine.model import KimiLinearConfig, SequenceCache
 from engine.quant import PackedExpertBank, PackedLinear
 
-GIB = 1 << 30
 _WORKSPACE_MARGIN = 1.25  # on top of the counted live tensors: allocator rounding, small temporaries
 # kda_chunked's batched phase forms decays for 16-token blocks: 4 * tokens * kda_dim elements per tensor,
 # its groups capped near 2^24 of them; about 4 such fp32 tensors are live at once.
 _KDA_BLOCK_ELEMENTS_CAP = 1 << 24
-# engine.quant.codec.dequantize of one matrix: int16 nibble unpacking, then FP32 codes and values and the
+# engine.codec.dequantize of one matrix: int16 nibble unpacking, then FP32 codes and values and the
 # result; bytes per logical weight element, an upper estimate.
 _DEQUANTIZE_BYTES_PER_ELEMENT = 16
 

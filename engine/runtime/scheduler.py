@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from common.memory_cap import MemoryCapExceeded
 from engine.model import SamplingParams
 from engine.model.generate import LogitsProcessor
 from engine.runtime.engine import Engine, EngineBusy, Sequence
 from engine.runtime.sampling import Sampler
-from harness.caps import MemoryCapExceeded
 
 log = logging.getLogger(__name__)
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
 import click
 
+from common.listen import listening_socket
+from common.logs import configure_logging, log_format_option
+from common.memory_cap import default_cap_gib
 from engine.cli_options import (
     cuda_graphs_option,
     device_option,
@@ -23,8 +25,6 @@ from engine.cli_options import (
 from engine.kernels import DEFAULT_SELECTION
 from engine.runtime.compiled import step_option
 from engine.runtime.kda_kernels import KDA_KERNELS
-from harness.caps import default_cap_gib
-from harness.logs import configure_logging, log_format_option
 
 
 @click.command("serve")
@@ -221,15 +221,8 @@ def serve_command(
     scheduler = Scheduler(engine, max_active=max_sequences, max_queue=max_queue)
     context = ServerContext(engine, scheduler, template, served_model_name, scripted)
 
-    # IPPROTO_TCP explicitly: asyncio only disables Nagle on sockets whose proto says TCP, and with
-    # Nagle on, every keep-alive response waits ~40 ms for the client's delayed ACK.
-    sock = socket.socket(
-        socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
-    )
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
-        sock.listen(2048)  # before announcing the address: early clients are queued, not refused
+        sock = listening_socket(host, port)  # before announcing the address
     except OSError as e:
         raise click.ClickException(f"cannot bind {host}:{port}: {e}") from None
     _print_start_up(engine, scripted is not None)

@@ -3,7 +3,8 @@
 Token by token, `OutputText.add(id)` returns what can be shown now: bytes of a character split across
 tokens wait for the rest; text that may be the start of a stop string or of a think tag is held back
 until it is decided. Everything between `<think>` and `</think>` is reasoning (`reasoning_content`),
-the rest is content. A stop string ends the output before it (OpenAI semantics).
+the rest is content; the tags are split as k3 splits them (`common.think`). A stop string ends the
+output before it (OpenAI semantics).
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 
+from common.scan import held_suffix
+from common.think import ThinkTags
 from engine.model import Tokenizer
-
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
 
 @dataclass
@@ -24,17 +25,6 @@ class Delta:
 
     def __bool__(self) -> bool:
         return bool(self.reasoning or self.content)
-
-
-def held_suffix(text: str, markers: list[str]) -> int:
-    """Length of the longest end of `text` that is a proper prefix of one of `markers`."""
-    longest = 0
-    for marker in markers:
-        for n in range(min(len(marker) - 1, len(text)), longest, -1):
-            if text.endswith(marker[:n]):
-                longest = n
-                break
-    return longest
 
 
 class StopStrings:
@@ -58,59 +48,36 @@ class StopStrings:
         return out
 
 
-class ThinkSplitter:
-    def __init__(self, in_reasoning: bool = False):
-        self.in_reasoning = in_reasoning
-        self._held = ""
-
-    def feed(self, text: str, delta: Delta) -> None:
-        text = self._held + text
-        while True:
-            tag = THINK_CLOSE if self.in_reasoning else THINK_OPEN
-            at = text.find(tag)
-            if at < 0:
-                break
-            self._emit(text[:at], delta)
-            text = text[at + len(tag) :]
-            self.in_reasoning = not self.in_reasoning
-        keep = held_suffix(text, [THINK_CLOSE if self.in_reasoning else THINK_OPEN])
-        self._held = text[len(text) - keep :] if keep else ""
-        self._emit(text[: len(text) - keep], delta)
-
-    def flush(self, delta: Delta) -> None:
-        self._emit(self._held, delta)
-        self._held = ""
-
-    def _emit(self, text: str, delta: Delta) -> None:
-        if self.in_reasoning:
-            delta.reasoning += text
-        else:
-            delta.content += text
-
-
 class OutputText:
     def __init__(self, tokenizer: Tokenizer, stops: list[str], *, in_reasoning: bool = False):
         self.tokenizer = tokenizer
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._stops = StopStrings(stops)
-        self._think = ThinkSplitter(in_reasoning)
+        self._think = ThinkTags(start_in_think=in_reasoning)
         self.stopped = False
+
+    def _split(self, pieces: list[tuple[bool, str]], delta: Delta) -> None:
+        for reasoning, text in pieces:
+            if reasoning:
+                delta.reasoning += text
+            else:
+                delta.content += text
 
     def add(self, token_id: int) -> Delta:
         delta = Delta()
         if self.stopped:
             return delta
         text, delta.stopped = self._stops.feed(self._utf8.decode(self.tokenizer.decode_bytes([token_id])))
-        self._think.feed(text, delta)
+        self._split(self._think.feed(text), delta)
         if delta.stopped:
             self.stopped = True
-            self._think.flush(delta)
+            self._split(self._think.finish(), delta)
         return delta
 
     def finish(self) -> Delta:
         """Whatever was held back, at the end of generation."""
         delta = Delta()
         if not self.stopped:
-            self._think.feed(self._stops.flush() + self._utf8.decode(b"", final=True), delta)
-            self._think.flush(delta)
+            self._split(self._think.feed(self._stops.flush() + self._utf8.decode(b"", final=True)), delta)
+            self._split(self._think.finish(), delta)
         return delta

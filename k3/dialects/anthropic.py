@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from k3 import ir
 from k3.dialects.common import (
     Turn,
     arguments_text,
@@ -25,27 +26,6 @@ from k3.dialects.common import (
     stop_list,
 )
 from k3.errors import ProxyError, anthropic_error, bad_request
-from k3.ir import (
-    CanonicalRequest,
-    CanonicalResponse,
-    Event,
-    Finish,
-    ImagePart,
-    Message,
-    Part,
-    ReasoningDelta,
-    ReasoningEnd,
-    ReasoningPart,
-    TextDelta,
-    TextPart,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallPart,
-    ToolCallStart,
-    ToolDef,
-    ToolResultPart,
-    Usage,
-)
 from k3.sse import named
 from k3.tools.ids import from_anthropic_id, to_anthropic_id
 
@@ -66,10 +46,10 @@ _EFFORT = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "m
 # Ingress
 
 
-def _tool_result(block: dict[str, Any], where: str) -> ToolResultPart:
+def _tool_result(block: dict[str, Any], where: str) -> ir.ToolResultPart:
     call_id = from_anthropic_id(as_str(block.get("tool_use_id"), f"{where}.tool_use_id"))
     content = block.get("content")
-    images: list[ImagePart] = []
+    images: list[ir.ImagePart] = []
     if content is None:
         text = ""
     elif isinstance(content, str):
@@ -90,10 +70,10 @@ def _tool_result(block: dict[str, Any], where: str) -> ToolResultPart:
     else:
         raise bad_request(f"{where}.content must be a string or an array", f"{where}.content")
     is_error = opt_bool(block.get("is_error"), f"{where}.is_error") or False
-    return ToolResultPart(call_id, text, is_error, images)
+    return ir.ToolResultPart(call_id, text, is_error, images)
 
 
-def _image(block: dict[str, Any], where: str) -> ImagePart:
+def _image(block: dict[str, Any], where: str) -> ir.ImagePart:
     source = as_dict(block.get("source"), f"{where}.source")
     kind = source.get("type")
     if kind == "base64":
@@ -103,29 +83,31 @@ def _image(block: dict[str, Any], where: str) -> ImagePart:
     raise bad_request(f"{where}.source.type must be 'base64' or 'url'", f"{where}.source.type")
 
 
-def _document(block: dict[str, Any], where: str) -> TextPart:
+def _document(block: dict[str, Any], where: str) -> ir.TextPart:
     source = as_dict(block.get("source"), f"{where}.source")
     title = block.get("title")
     head = f"{title}\n" if isinstance(title, str) and title else ""
     if source.get("type") == "text":
-        return TextPart(head + as_str(source.get("data"), f"{where}.source.data"))
+        return ir.TextPart(head + as_str(source.get("data"), f"{where}.source.data"))
     media = source.get("media_type") or source.get("type")
     # The engine reads text and images only; say so rather than drop the block silently.
-    return TextPart(f"{head}[document of type {media} omitted: the local engine reads text and images only]")
+    return ir.TextPart(
+        f"{head}[document of type {media} omitted: the local engine reads text and images only]"
+    )
 
 
-def _blocks(content: Any, role: str, where: str) -> tuple[list[Part], list[ToolResultPart]]:
+def _blocks(content: Any, role: str, where: str) -> tuple[list[ir.Part], list[ir.ToolResultPart]]:
     """Content blocks -> (parts, tool results). Tool results go before the rest of a user turn."""
     if isinstance(content, str):
-        return [TextPart(content)], []
-    parts: list[Part] = []
-    results: list[ToolResultPart] = []
+        return [ir.TextPart(content)], []
+    parts: list[ir.Part] = []
+    results: list[ir.ToolResultPart] = []
     for i, block in enumerate(as_list(content, f"{where}.content")):
         block_where = f"{where}.content[{i}]"
         block = as_dict(block, block_where)
         kind = block.get("type")
         if kind == "text":
-            parts.append(TextPart(as_str(block.get("text"), f"{block_where}.text")))
+            parts.append(ir.TextPart(as_str(block.get("text"), f"{block_where}.text")))
         elif kind == "image":
             parts.append(_image(block, block_where))
         elif kind == "tool_result":
@@ -133,12 +115,14 @@ def _blocks(content: Any, role: str, where: str) -> tuple[list[Part], list[ToolR
         elif kind == "tool_use" and role == "assistant":
             call_id = from_anthropic_id(as_str(block.get("id"), f"{block_where}.id"))
             name = as_str(block.get("name"), f"{block_where}.name")
-            parts.append(ToolCallPart(call_id, name, arguments_text(block.get("input"))))
+            parts.append(ir.ToolCallPart(call_id, name, arguments_text(block.get("input"))))
         elif kind == "thinking" and role == "assistant":
             text = as_str(block.get("thinking"), f"{block_where}.thinking")
-            parts.append(ReasoningPart(text, opt_str(block.get("signature"), f"{block_where}.signature")))
+            parts.append(ir.ReasoningPart(text, opt_str(block.get("signature"), f"{block_where}.signature")))
         elif kind == "redacted_thinking" and role == "assistant":
-            parts.append(ReasoningPart("", opt_str(block.get("data"), f"{block_where}.data"), redacted=True))
+            parts.append(
+                ir.ReasoningPart("", opt_str(block.get("data"), f"{block_where}.data"), redacted=True)
+            )
         elif kind == "document":
             parts.append(_document(block, block_where))
         elif not isinstance(kind, str):
@@ -147,21 +131,21 @@ def _blocks(content: Any, role: str, where: str) -> tuple[list[Part], list[ToolR
     return parts, results
 
 
-def _system(value: Any) -> list[TextPart]:
+def _system(value: Any) -> list[ir.TextPart]:
     if value is None:
         return []
     if isinstance(value, str):
-        return [TextPart(value)] if value else []
+        return [ir.TextPart(value)] if value else []
     parts = []
     for i, block in enumerate(as_list(value, "system")):
         block = as_dict(block, f"system[{i}]")
         text = as_str(block.get("text"), f"system[{i}].text")
         if text:
-            parts.append(TextPart(text))
+            parts.append(ir.TextPart(text))
     return parts
 
 
-def _tools(value: Any) -> list[ToolDef]:
+def _tools(value: Any) -> list[ir.ToolDef]:
     if value is None:
         return []
     tools = []
@@ -174,7 +158,7 @@ def _tools(value: Any) -> list[ToolDef]:
         name = as_str(tool.get("name"), f"tools[{i}].name")
         description = opt_str(tool.get("description"), f"tools[{i}].description") or ""
         schema = DEFAULT_SCHEMA if schema is None else as_dict(schema, f"tools[{i}].input_schema")
-        tools.append(ToolDef(name, description, schema))
+        tools.append(ir.ToolDef(name, description, schema))
     return tools
 
 
@@ -217,12 +201,12 @@ def _thinking(body: dict[str, Any]) -> tuple[bool | None, str | None]:
     return True, effort
 
 
-def ingress(body: dict[str, Any], default_model: str) -> CanonicalRequest:
+def ingress(body: dict[str, Any], default_model: str) -> ir.CanonicalRequest:
     model = opt_str(body.get("model"), "model") or default_model
-    messages: list[Message] = []
+    messages: list[ir.Message] = []
     system = _system(body.get("system"))
     if system:
-        messages.append(Message("system", system))
+        messages.append(ir.Message("system", system))
     for i, raw in enumerate(as_list(body.get("messages", []), "messages")):
         where = f"messages[{i}]"
         raw = as_dict(raw, where)
@@ -231,18 +215,18 @@ def ingress(body: dict[str, Any], default_model: str) -> CanonicalRequest:
             raise bad_request(f"{where}.role must be user, assistant or system", f"{where}.role")
         parts, results = _blocks(raw.get("content"), role, where)
         if results:
-            messages.append(Message("tool", results))  # type: ignore[arg-type]
+            messages.append(ir.Message("tool", results))  # type: ignore[arg-type]
         if role == "system":
-            parts = [p for p in parts if isinstance(p, TextPart)]
+            parts = [p for p in parts if isinstance(p, ir.TextPart)]
         if parts or role == "assistant":
-            messages.append(Message(role, parts))
+            messages.append(ir.Message(role, parts))
     tool_choice, parallel = _tool_choice(body.get("tool_choice"))
     thinking_enabled, effort = _thinking(body)
     extra = {}
     top_k = opt_int(body.get("top_k"), "top_k")
     if top_k is not None:
         extra["top_k"] = top_k
-    return CanonicalRequest(
+    return ir.CanonicalRequest(
         model=model,
         messages=messages,
         stream=opt_bool(body.get("stream"), "stream") or False,
@@ -272,7 +256,7 @@ def tool_input(arguments: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def usage_json(usage: Usage) -> dict[str, int]:
+def usage_json(usage: ir.Usage) -> dict[str, int]:
     # Anthropic counts cached prompt tokens apart from input_tokens.
     return {
         "input_tokens": max(0, usage.input_tokens - usage.cached_input_tokens),
@@ -282,13 +266,13 @@ def usage_json(usage: Usage) -> dict[str, int]:
     }
 
 
-def render(response: CanonicalResponse, turn: Turn) -> dict[str, Any]:
+def render(response: ir.CanonicalResponse, turn: Turn) -> dict[str, Any]:
     content: list[dict[str, Any]] = []
     show = turn.show_reasoning
     for part in response.parts:
-        if isinstance(part, TextPart):
+        if isinstance(part, ir.TextPart):
             content.append({"type": "text", "text": part.text})
-        elif isinstance(part, ToolCallPart):
+        elif isinstance(part, ir.ToolCallPart):
             content.append(
                 {
                     "type": "tool_use",
@@ -297,7 +281,7 @@ def render(response: CanonicalResponse, turn: Turn) -> dict[str, Any]:
                     "input": tool_input(part.arguments),
                 }
             )
-        elif isinstance(part, ReasoningPart) and show:
+        elif isinstance(part, ir.ReasoningPart) and show:
             content.append({"type": "thinking", "thinking": part.text, "signature": part.signature or ""})
     if not content:
         content.append({"type": "text", "text": ""})
@@ -367,11 +351,11 @@ class Stream:
     def _delta(self, kind: bytes, key: bytes, value: str) -> bytes:
         return (_DELTA % (self._index, kind, key)) + orjson.dumps(value) + b"}}\n\n"
 
-    def feed(self, event: Event) -> bytes:
-        if isinstance(event, TextDelta):
+    def feed(self, event: ir.Event) -> bytes:
+        if isinstance(event, ir.TextDelta):
             head = b"" if self._open == "text" else self._open_block("text", {"type": "text", "text": ""})
             return head + self._delta(b"text_delta", b"text", event.text)
-        if isinstance(event, ReasoningDelta):
+        if isinstance(event, ir.ReasoningDelta):
             if not self._show:
                 return b""
             head = (
@@ -380,21 +364,21 @@ class Stream:
                 else self._open_block("thinking", {"type": "thinking", "thinking": "", "signature": ""})
             )
             return head + self._delta(b"thinking_delta", b"thinking", event.text)
-        if isinstance(event, ReasoningEnd):
+        if isinstance(event, ir.ReasoningEnd):
             if self._open != "thinking":
                 return b""
             tail = self._delta(b"signature_delta", b"signature", event.signature) if event.signature else b""
             return tail + self._close()
-        if isinstance(event, ToolCallStart):
+        if isinstance(event, ir.ToolCallStart):
             return self._open_block(
                 "tool_use",
                 {"type": "tool_use", "id": to_anthropic_id(event.id), "name": event.name, "input": {}},
             )
-        if isinstance(event, ToolCallDelta):
+        if isinstance(event, ir.ToolCallDelta):
             return self._delta(b"input_json_delta", b"partial_json", event.text)
-        if isinstance(event, ToolCallEnd):
+        if isinstance(event, ir.ToolCallEnd):
             return self._close()
-        if isinstance(event, Finish):
+        if isinstance(event, ir.Finish):
             stop_reason = "stop_sequence" if event.stop_sequence else STOP_REASONS[event.stop_reason]
             delta = {
                 "type": "message_delta",

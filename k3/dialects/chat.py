@@ -6,6 +6,7 @@ from typing import Any
 
 import orjson
 
+from k3 import ir
 from k3.dialects.common import (
     Turn,
     arguments_text,
@@ -21,25 +22,6 @@ from k3.dialects.common import (
     stop_list,
 )
 from k3.errors import ProxyError, bad_request, openai_error
-from k3.ir import (
-    CanonicalRequest,
-    CanonicalResponse,
-    Event,
-    Finish,
-    ImagePart,
-    Message,
-    Part,
-    ReasoningDelta,
-    ReasoningPart,
-    TextDelta,
-    TextPart,
-    ToolCallDelta,
-    ToolCallPart,
-    ToolCallStart,
-    ToolDef,
-    ToolResultPart,
-    Usage,
-)
 from k3.sse import DONE, unnamed
 from k3.tools.ids import from_chat_id, new_call_id, to_chat_id
 
@@ -61,16 +43,16 @@ _CONSUMED = frozenset(
 # Ingress
 
 
-def _parts(content: Any, where: str) -> list[Part]:
+def _parts(content: Any, where: str) -> list[ir.Part]:
     if content is None:
         return []
     if isinstance(content, str):
-        return [TextPart(content)]
-    parts: list[Part] = []
+        return [ir.TextPart(content)]
+    parts: list[ir.Part] = []
     for i, item in enumerate(as_list(content, where)):
         item_where = f"{where}[{i}]"
         if isinstance(item, str):
-            parts.append(TextPart(item))
+            parts.append(ir.TextPart(item))
             continue
         item = as_dict(item, item_where)
         kind = item.get("type")
@@ -79,9 +61,9 @@ def _parts(content: Any, where: str) -> list[Part]:
             url = image.get("url") if isinstance(image, dict) else image
             parts.append(image_from_url(url, f"{item_where}.image_url.url"))
         elif isinstance(item.get("text"), str):  # text, input_text, output_text
-            parts.append(TextPart(item["text"]))
+            parts.append(ir.TextPart(item["text"]))
         elif kind == "refusal" and isinstance(item.get("refusal"), str):
-            parts.append(TextPart(item["refusal"]))
+            parts.append(ir.TextPart(item["refusal"]))
         elif not isinstance(kind, str):
             raise bad_request(f"{item_where}.type must be a string", f"{item_where}.type")
         # input_audio / file parts: the engine cannot read them
@@ -89,27 +71,27 @@ def _parts(content: Any, where: str) -> list[Part]:
 
 
 def _text(content: Any, where: str) -> str:
-    return "".join(p.text for p in _parts(content, where) if isinstance(p, TextPart))
+    return "".join(p.text for p in _parts(content, where) if isinstance(p, ir.TextPart))
 
 
-def _tool_content(content: Any, where: str) -> tuple[str, list[ImagePart]]:
+def _tool_content(content: Any, where: str) -> tuple[str, list[ir.ImagePart]]:
     if isinstance(content, list):
         parts = _parts(content, where)
-        text = "\n".join(p.text for p in parts if isinstance(p, TextPart))
-        return text, [p for p in parts if isinstance(p, ImagePart)]
+        text = "\n".join(p.text for p in parts if isinstance(p, ir.TextPart))
+        return text, [p for p in parts if isinstance(p, ir.ImagePart)]
     return json_text(content) if content is not None else "", []
 
 
-def _assistant(raw: dict[str, Any], where: str) -> Message:
-    parts: list[Part] = []
+def _assistant(raw: dict[str, Any], where: str) -> ir.Message:
+    parts: list[ir.Part] = []
     reasoning = raw.get("reasoning_content")
     if reasoning is None:
         reasoning = raw.get("reasoning")
     if reasoning is not None:
         text = as_str(reasoning, f"{where}.reasoning_content")
         if text:
-            parts.append(ReasoningPart(text))
-    parts.extend(p for p in _parts(raw.get("content"), f"{where}.content") if isinstance(p, TextPart))
+            parts.append(ir.ReasoningPart(text))
+    parts.extend(p for p in _parts(raw.get("content"), f"{where}.content") if isinstance(p, ir.TextPart))
     calls = raw.get("tool_calls")
     for j, call in enumerate(as_list(calls, f"{where}.tool_calls") if calls is not None else ()):
         call_where = f"{where}.tool_calls[{j}]"
@@ -117,31 +99,33 @@ def _assistant(raw: dict[str, Any], where: str) -> Message:
         function = as_dict(call.get("function"), f"{call_where}.function")
         name = as_str(function.get("name"), f"{call_where}.function.name")
         call_id = from_chat_id(opt_str(call.get("id"), f"{call_where}.id") or "") or new_call_id()
-        parts.append(ToolCallPart(call_id, name, arguments_text(function.get("arguments"))))
+        parts.append(ir.ToolCallPart(call_id, name, arguments_text(function.get("arguments"))))
     legacy = raw.get("function_call")
     if legacy is not None:
         legacy = as_dict(legacy, f"{where}.function_call")
         name = as_str(legacy.get("name"), f"{where}.function_call.name")
-        parts.append(ToolCallPart(new_call_id(), name, arguments_text(legacy.get("arguments"))))
-    return Message("assistant", parts)
+        parts.append(ir.ToolCallPart(new_call_id(), name, arguments_text(legacy.get("arguments"))))
+    return ir.Message("assistant", parts)
 
 
-def _messages(value: Any) -> list[Message]:
-    messages: list[Message] = []
+def _messages(value: Any) -> list[ir.Message]:
+    messages: list[ir.Message] = []
     for i, raw in enumerate(as_list(value, "messages")):
         where = f"messages[{i}]"
         raw = as_dict(raw, where)
         role = raw.get("role")
         if role in ("system", "developer"):
-            messages.append(Message("system", [TextPart(_text(raw.get("content"), f"{where}.content"))]))
+            messages.append(
+                ir.Message("system", [ir.TextPart(_text(raw.get("content"), f"{where}.content"))])
+            )
         elif role == "assistant":
             messages.append(_assistant(raw, where))
         elif role in ("tool", "function"):
             call_id = from_chat_id(opt_str(raw.get("tool_call_id"), f"{where}.tool_call_id") or "")
             text, images = _tool_content(raw.get("content"), f"{where}.content")
-            messages.append(Message("tool", [ToolResultPart(call_id, text, False, images)]))
+            messages.append(ir.Message("tool", [ir.ToolResultPart(call_id, text, False, images)]))
         elif role == "user":
-            messages.append(Message("user", _parts(raw.get("content"), f"{where}.content")))
+            messages.append(ir.Message("user", _parts(raw.get("content"), f"{where}.content")))
         else:
             raise bad_request(
                 f"{where}.role must be system, developer, user, assistant or tool", f"{where}.role"
@@ -149,7 +133,7 @@ def _messages(value: Any) -> list[Message]:
     return messages
 
 
-def _tools(value: Any, legacy: Any) -> list[ToolDef]:
+def _tools(value: Any, legacy: Any) -> list[ir.ToolDef]:
     tools = []
     items = as_list(value, "tools") if value is not None else []
     for i, tool in enumerate(items):
@@ -160,12 +144,12 @@ def _tools(value: Any, legacy: Any) -> list[ToolDef]:
         description = opt_str(function.get("description"), f"tools[{i}].function.description") or ""
         params = function.get("parameters")
         params = DEFAULT_SCHEMA if params is None else as_dict(params, f"tools[{i}].function.parameters")
-        tools.append(ToolDef(name, description, params))
+        tools.append(ir.ToolDef(name, description, params))
     for i, function in enumerate(as_list(legacy, "functions") if legacy is not None else []):
         function = as_dict(function, f"functions[{i}]")
         params = function.get("parameters")
         tools.append(
-            ToolDef(
+            ir.ToolDef(
                 as_str(function.get("name"), f"functions[{i}].name"),
                 opt_str(function.get("description"), f"functions[{i}].description") or "",
                 DEFAULT_SCHEMA if params is None else as_dict(params, f"functions[{i}].parameters"),
@@ -185,7 +169,7 @@ def _tool_choice(value: Any) -> Any:
     }
 
 
-def ingress(body: dict[str, Any], default_model: str) -> CanonicalRequest:
+def ingress(body: dict[str, Any], default_model: str) -> ir.CanonicalRequest:
     max_tokens = opt_int(body.get("max_completion_tokens"), "max_completion_tokens")
     if max_tokens is None:
         max_tokens = opt_int(body.get("max_tokens"), "max_tokens")
@@ -198,7 +182,7 @@ def ingress(body: dict[str, Any], default_model: str) -> CanonicalRequest:
     response_format = body.get("response_format")
     if response_format is not None:
         response_format = as_dict(response_format, "response_format")
-    return CanonicalRequest(
+    return ir.CanonicalRequest(
         model=opt_str(body.get("model"), "model") or default_model,
         messages=_messages(body.get("messages", [])),
         stream=opt_bool(body.get("stream"), "stream") or False,
@@ -220,7 +204,7 @@ def ingress(body: dict[str, Any], default_model: str) -> CanonicalRequest:
 # Egress
 
 
-def usage_json(usage: Usage) -> dict[str, Any]:
+def usage_json(usage: ir.Usage) -> dict[str, Any]:
     return {
         "prompt_tokens": usage.input_tokens,
         "completion_tokens": usage.output_tokens,
@@ -230,7 +214,7 @@ def usage_json(usage: Usage) -> dict[str, Any]:
     }
 
 
-def _tool_call(index: int, part: ToolCallPart) -> dict[str, Any]:
+def _tool_call(index: int, part: ir.ToolCallPart) -> dict[str, Any]:
     return {
         "id": to_chat_id(part.id),
         "type": "function",
@@ -238,12 +222,16 @@ def _tool_call(index: int, part: ToolCallPart) -> dict[str, Any]:
     }
 
 
-def render(response: CanonicalResponse, turn: Turn) -> dict[str, Any]:
-    text = "".join(p.text for p in response.parts if isinstance(p, TextPart))
+def render(response: ir.CanonicalResponse, turn: Turn) -> dict[str, Any]:
+    text = "".join(p.text for p in response.parts if isinstance(p, ir.TextPart))
     reasoning = (
-        "".join(p.text for p in response.parts if isinstance(p, ReasoningPart)) if turn.show_reasoning else ""
+        "".join(p.text for p in response.parts if isinstance(p, ir.ReasoningPart))
+        if turn.show_reasoning
+        else ""
     )
-    calls = [_tool_call(i, p) for i, p in enumerate(p for p in response.parts if isinstance(p, ToolCallPart))]
+    calls = [
+        _tool_call(i, p) for i, p in enumerate(p for p in response.parts if isinstance(p, ir.ToolCallPart))
+    ]
     message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
     if reasoning:
         message["reasoning_content"] = reasoning
@@ -293,14 +281,14 @@ class Stream:
     def start(self) -> bytes:
         return self._chunk(b'{"role":"assistant","content":""}')
 
-    def feed(self, event: Event) -> bytes:
-        if isinstance(event, TextDelta):
+    def feed(self, event: ir.Event) -> bytes:
+        if isinstance(event, ir.TextDelta):
             return self._chunk(b'{"content":' + orjson.dumps(event.text) + b"}")
-        if isinstance(event, ReasoningDelta):
+        if isinstance(event, ir.ReasoningDelta):
             if not self._show:
                 return b""
             return self._chunk(b'{"reasoning_content":' + orjson.dumps(event.text) + b"}")
-        if isinstance(event, ToolCallStart):
+        if isinstance(event, ir.ToolCallStart):
             call = {
                 "index": event.index,
                 "id": to_chat_id(event.id),
@@ -308,11 +296,11 @@ class Stream:
                 "function": {"name": event.name, "arguments": ""},
             }
             return self._chunk({"tool_calls": [call]})
-        if isinstance(event, ToolCallDelta):
+        if isinstance(event, ir.ToolCallDelta):
             return self._chunk(
                 {"tool_calls": [{"index": event.index, "function": {"arguments": event.text}}]}
             )
-        if isinstance(event, Finish):
+        if isinstance(event, ir.Finish):
             out = self._chunk(b"{}", event.stop_reason)
             if self._usage:
                 out += unnamed({**self._head, "choices": [], "usage": usage_json(event.usage)})

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from k3 import ir
 from k3.dialects.common import (
     Turn,
     arguments_text,
@@ -26,27 +27,6 @@ from k3.dialects.common import (
     opt_str,
 )
 from k3.errors import ProxyError, bad_request, openai_error
-from k3.ir import (
-    CanonicalRequest,
-    CanonicalResponse,
-    Event,
-    Finish,
-    ImagePart,
-    Message,
-    Part,
-    ReasoningDelta,
-    ReasoningEnd,
-    ReasoningPart,
-    TextDelta,
-    TextPart,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallPart,
-    ToolCallStart,
-    ToolDef,
-    ToolResultPart,
-    Usage,
-)
 from k3.sse import typed
 from k3.tools.ids import from_responses_id, to_responses_id
 
@@ -58,18 +38,18 @@ INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 # Ingress
 
 
-def _content(value: Any, where: str) -> list[Part]:
+def _content(value: Any, where: str) -> list[ir.Part]:
     if isinstance(value, str):
-        return [TextPart(value)]
-    parts: list[Part] = []
+        return [ir.TextPart(value)]
+    parts: list[ir.Part] = []
     for i, item in enumerate(as_list(value, where)):
         item_where = f"{where}[{i}]"
         item = as_dict(item, item_where)
         kind = item.get("type")
         if kind in ("input_text", "output_text", "text", "summary_text", "reasoning_text"):
-            parts.append(TextPart(as_str(item.get("text"), f"{item_where}.text")))
+            parts.append(ir.TextPart(as_str(item.get("text"), f"{item_where}.text")))
         elif kind == "refusal":
-            parts.append(TextPart(as_str(item.get("refusal"), f"{item_where}.refusal")))
+            parts.append(ir.TextPart(as_str(item.get("refusal"), f"{item_where}.refusal")))
         elif kind == "input_image":
             url = item.get("image_url")
             if isinstance(url, dict):
@@ -85,45 +65,45 @@ def _content(value: Any, where: str) -> list[Part]:
     return parts
 
 
-def _output(value: Any, where: str) -> tuple[str, list[ImagePart]]:
+def _output(value: Any, where: str) -> tuple[str, list[ir.ImagePart]]:
     if isinstance(value, list):
         parts = _content(value, where)
-        return "\n".join(p.text for p in parts if isinstance(p, TextPart)), [
-            p for p in parts if isinstance(p, ImagePart)
+        return "\n".join(p.text for p in parts if isinstance(p, ir.TextPart)), [
+            p for p in parts if isinstance(p, ir.ImagePart)
         ]
     return json_text(value) if value is not None else "", []
 
 
-def _reasoning(item: dict[str, Any], where: str) -> ReasoningPart | None:
+def _reasoning(item: dict[str, Any], where: str) -> ir.ReasoningPart | None:
     texts = []
     for key in ("content", "summary"):  # raw reasoning text first, else the summary
         value = item.get(key)
         if value:
-            texts = [p.text for p in _content(value, f"{where}.{key}") if isinstance(p, TextPart)]
+            texts = [p.text for p in _content(value, f"{where}.{key}") if isinstance(p, ir.TextPart)]
             if texts:
                 break
     signature = opt_str(item.get("encrypted_content"), f"{where}.encrypted_content")
     if not texts and not signature:
         return None
-    return ReasoningPart("\n\n".join(texts), signature)
+    return ir.ReasoningPart("\n\n".join(texts), signature)
 
 
-def _input(value: Any) -> list[Message]:
+def _input(value: Any) -> list[ir.Message]:
     if isinstance(value, str):
-        return [Message("user", [TextPart(value)])]
-    messages: list[Message] = []
+        return [ir.Message("user", [ir.TextPart(value)])]
+    messages: list[ir.Message] = []
 
-    def assistant_turn() -> Message:
+    def assistant_turn() -> ir.Message:
         # Sibling reasoning/message/call items form one assistant turn.
         if messages and messages[-1].role == "assistant":
             return messages[-1]
-        messages.append(Message("assistant", []))
+        messages.append(ir.Message("assistant", []))
         return messages[-1]
 
     for i, item in enumerate(as_list(value, "input")):
         where = f"input[{i}]"
         if isinstance(item, str):
-            messages.append(Message("user", [TextPart(item)]))
+            messages.append(ir.Message("user", [ir.TextPart(item)]))
             continue
         item = as_dict(item, where)
         kind = item.get("type", "message")
@@ -131,11 +111,11 @@ def _input(value: Any) -> list[Message]:
             role = item.get("role")
             parts = _content(item.get("content", []), f"{where}.content")
             if role in ("system", "developer"):
-                messages.append(Message("system", [p for p in parts if isinstance(p, TextPart)]))
+                messages.append(ir.Message("system", [p for p in parts if isinstance(p, ir.TextPart)]))
             elif role == "assistant":
-                assistant_turn().parts.extend(p for p in parts if isinstance(p, TextPart))
+                assistant_turn().parts.extend(p for p in parts if isinstance(p, ir.TextPart))
             elif role == "user":
-                messages.append(Message("user", parts))
+                messages.append(ir.Message("user", parts))
             else:
                 raise bad_request(
                     f"{where}.role must be user, assistant, system or developer", f"{where}.role"
@@ -149,15 +129,15 @@ def _input(value: Any) -> list[Message]:
             name = as_str(item.get("name"), f"{where}.name")
             if kind == "function_call":
                 arguments = arguments_text(item.get("arguments"))
-                part = ToolCallPart(call_id, name, arguments)
+                part = ir.ToolCallPart(call_id, name, arguments)
             else:
                 text = as_str(item.get("input"), f"{where}.input")
-                part = ToolCallPart(call_id, name, orjson.dumps({"input": text}).decode(), custom=True)
+                part = ir.ToolCallPart(call_id, name, orjson.dumps({"input": text}).decode(), custom=True)
             assistant_turn().parts.append(part)
         elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = from_responses_id(as_str(item.get("call_id", item.get("id")), f"{where}.call_id"))
             text, images = _output(item.get("output"), f"{where}.output")
-            messages.append(Message("tool", [ToolResultPart(call_id, text, False, images)]))
+            messages.append(ir.Message("tool", [ir.ToolResultPart(call_id, text, False, images)]))
         elif not isinstance(kind, str):
             raise bad_request(f"{where}.type must be a string", f"{where}.type")
         # hosted-tool items (web_search_call, item_reference, ...) have no engine meaning
@@ -176,7 +156,7 @@ def _custom_parameters(tool: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _tools(value: Any) -> list[ToolDef]:
+def _tools(value: Any) -> list[ir.ToolDef]:
     tools = []
     for i, tool in enumerate(as_list(value, "tools") if value is not None else []):
         where = f"tools[{i}]"
@@ -186,7 +166,7 @@ def _tools(value: Any) -> list[ToolDef]:
             function = as_dict(tool.get("function", tool), where)  # flat (Responses) or nested (Chat)
             params = function.get("parameters")
             tools.append(
-                ToolDef(
+                ir.ToolDef(
                     as_str(function.get("name"), f"{where}.name"),
                     opt_str(function.get("description"), f"{where}.description") or "",
                     DEFAULT_SCHEMA if params is None else as_dict(params, f"{where}.parameters"),
@@ -195,7 +175,7 @@ def _tools(value: Any) -> list[ToolDef]:
         elif kind == "custom":
             name = as_str(tool.get("name"), f"{where}.name")
             description = opt_str(tool.get("description"), f"{where}.description") or ""
-            tools.append(ToolDef(name, description, _custom_parameters(tool), custom=True))
+            tools.append(ir.ToolDef(name, description, _custom_parameters(tool), custom=True))
         # hosted tools (web_search, file_search, tool_search, ...) run at OpenAI, not here
     return tools
 
@@ -233,17 +213,17 @@ def _response_format(text: Any) -> Any:
     return None
 
 
-def ingress(body: dict[str, Any], default_model: str) -> CanonicalRequest:
+def ingress(body: dict[str, Any], default_model: str) -> ir.CanonicalRequest:
     messages = []
     instructions = opt_str(body.get("instructions"), "instructions")
     if instructions:
-        messages.append(Message("system", [TextPart(instructions)]))
+        messages.append(ir.Message("system", [ir.TextPart(instructions)]))
     messages.extend(_input(body.get("input", [])))
     reasoning = body.get("reasoning")
     effort = None
     if reasoning is not None:
         effort = opt_str(as_dict(reasoning, "reasoning").get("effort"), "reasoning.effort")
-    return CanonicalRequest(
+    return ir.CanonicalRequest(
         model=opt_str(body.get("model"), "model") or default_model,
         messages=messages,
         stream=opt_bool(body.get("stream"), "stream") or False,
@@ -262,7 +242,7 @@ def ingress(body: dict[str, Any], default_model: str) -> CanonicalRequest:
 # Egress
 
 
-def usage_json(usage: Usage) -> dict[str, Any]:
+def usage_json(usage: ir.Usage) -> dict[str, Any]:
     return {
         "input_tokens": usage.input_tokens,
         "input_tokens_details": {"cached_tokens": usage.cached_input_tokens, "cache_write_tokens": 0},
@@ -343,7 +323,7 @@ def _call_item(
 
 
 def envelope(
-    turn: Turn, status: str, output: list[dict[str, Any]], usage: Usage | None, stop: str | None = None
+    turn: Turn, status: str, output: list[dict[str, Any]], usage: ir.Usage | None, stop: str | None = None
 ) -> dict[str, Any]:
     body = turn.body
     reason = INCOMPLETE.get(stop or "")
@@ -373,18 +353,18 @@ def _status(stop: str) -> str:
     return "incomplete" if stop in INCOMPLETE else "completed"
 
 
-def render(response: CanonicalResponse, turn: Turn) -> dict[str, Any]:
+def render(response: ir.CanonicalResponse, turn: Turn) -> dict[str, Any]:
     items = _Items(turn)
     custom = _custom_names(turn)
     output = []
     show = turn.show_reasoning
     for part in response.parts:
-        if isinstance(part, ReasoningPart):
+        if isinstance(part, ir.ReasoningPart):
             if show:
                 output.append(_reasoning_item(items.next("rs"), part.text, part.signature, "completed"))
-        elif isinstance(part, TextPart):
+        elif isinstance(part, ir.TextPart):
             output.append(_message_item(items.next("msg"), part.text, "completed"))
-        elif isinstance(part, ToolCallPart):
+        elif isinstance(part, ir.ToolCallPart):
             is_custom = part.name in custom
             arguments = _custom_input(part.arguments) if is_custom else part.arguments
             prefix = "ctc" if is_custom else "fc"
@@ -408,7 +388,7 @@ class Stream:
         self._open: str | None = None  # "reasoning" | "message" | "call"
         self._id = ""
         self._text: list[str] = []
-        self._call: ToolCallStart | None = None
+        self._call: ir.ToolCallStart | None = None
         self._show = turn.show_reasoning
 
     def _frame(self, kind: str, data: dict[str, Any]) -> bytes:
@@ -456,8 +436,8 @@ class Stream:
             )
         return b""
 
-    def feed(self, event: Event) -> bytes:
-        if isinstance(event, TextDelta):
+    def feed(self, event: ir.Event) -> bytes:
+        if isinstance(event, ir.TextDelta):
             out = b""
             if self._open != "message":
                 out = self._close() + self._added(
@@ -469,7 +449,7 @@ class Stream:
             return out + self._delta(
                 "response.output_text.delta", {"content_index": 0, "delta": event.text, "logprobs": []}
             )
-        if isinstance(event, ReasoningDelta):
+        if isinstance(event, ir.ReasoningDelta):
             if not self._show:
                 return b""
             out = b""
@@ -484,20 +464,20 @@ class Stream:
             return out + self._delta(
                 "response.reasoning_summary_text.delta", {"summary_index": 0, "delta": event.text}
             )
-        if isinstance(event, ReasoningEnd):
+        if isinstance(event, ir.ReasoningEnd):
             return self._close(event.signature) if self._open == "reasoning" else b""
-        if isinstance(event, ToolCallStart):
+        if isinstance(event, ir.ToolCallStart):
             out = self._close()
             self._call = event
             if event.name in self._custom:
                 return out  # a freeform input is announced whole at the end of the call
             item = _call_item(self._items.next("fc"), event.id, event.name, "", False, "in_progress")
             return out + self._added("call", item)
-        if isinstance(event, ToolCallDelta):
+        if isinstance(event, ir.ToolCallDelta):
             if self._open != "call":
                 return b""
             return self._delta("response.function_call_arguments.delta", {"delta": event.text})
-        if isinstance(event, ToolCallEnd):
+        if isinstance(event, ir.ToolCallEnd):
             if event.name in self._custom:
                 text = _custom_input(event.arguments)
                 item_id = self._items.next("ctc")
@@ -511,7 +491,7 @@ class Stream:
             return out + self._done(
                 _call_item(self._id, event.id, event.name, event.arguments, False, "completed")
             )
-        if isinstance(event, Finish):
+        if isinstance(event, ir.Finish):
             status = _status(event.stop_reason)
             final = envelope(self._turn, status, self._output, event.usage, event.stop_reason)
             kind = "response.completed" if status == "completed" else "response.incomplete"

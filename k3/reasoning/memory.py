@@ -56,7 +56,7 @@ def _tool_names(message: dict) -> list[str]:
     return names
 
 
-class Turn:
+class RecordedTurn:
     """One upstream response being recorded (see the module docstring)."""
 
     def __init__(self, memory: ReasoningMemory, session: str, position: int | None = None) -> None:
@@ -151,8 +151,8 @@ class ReasoningMemory:
     def close(self) -> None:
         self.ledger.close()
 
-    def begin_turn(self, session: str, position: int | None = None) -> Turn:
-        return Turn(self, session, position)
+    def begin_turn(self, session: str, position: int | None = None) -> RecordedTurn:
+        return RecordedTurn(self, session, position)
 
     def session_tag(self, session: str) -> str:
         return scope_of(session)[:16]

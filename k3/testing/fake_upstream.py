@@ -20,7 +20,9 @@ The engine's own formats are scriptable: `Reply.reasoning_key` puts reasoning in
 Kimi K3 think channel (`kimi_k3`); `Reply.tool_format` sends tool calls natively (`native`) or
 writes them into the content in a text format a `--tool-parser` reads (`kimi_k3`, `kimi`,
 `hermes`, `json`, `pythonic`; for the last two the reply is the call list alone, so leave
-`content` empty). `model_text(reply)` is the content the engine writes.
+`content` empty). `model_text(reply)` is the content the engine writes; `completion`, `chunks` and
+`error_body` are its answers, which the conformance runner's upstream (runners/conformance/upstream.py)
+plays to real clients too.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import html
 import json
-import socket
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -37,7 +38,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
-import uvicorn
+
+from common import listen
+from k3.tokens import CHARS_PER_TOKEN, rough_tokens
 
 
 @dataclass
@@ -74,6 +77,16 @@ class Reply:
             raise ValueError(
                 f"unknown tool_format {self.tool_format!r}; choose one of: {', '.join(TOOL_FORMATS)}"
             )
+        if self.tool_format in ("json", "pythonic") and self.content and self.tool_calls:
+            raise ValueError(f"a {self.tool_format} reply is the calls alone; it cannot carry content too")
+
+    def expected_call_id(self, index: int) -> str | None:
+        """The id a proxy must give call `index` back to the engine, where the engine fixed one."""
+        if self.tool_format == "native":
+            return self.tool_calls[index].id or f"call_fake{index}"
+        if self.tool_format == "kimi":
+            return f"functions.{self.tool_calls[index].name}:{index}"
+        return None  # minted by the proxy
 
 
 IN_CONTENT = ("think", "kimi_k3")  # reasoning_key values that write reasoning into the content
@@ -136,6 +149,101 @@ def _native_calls(reply: Reply) -> list[ToolCall]:
     return reply.tool_calls if reply.tool_format == "native" else []
 
 
+def usage(payload: dict[str, Any], reply: Reply) -> dict[str, Any]:
+    """The engine's usage block: the plain four-characters-a-token count of what it read and wrote."""
+    prompt = rough_tokens(len(orjson.dumps(payload.get("messages", []))))
+    text = len(reply.content) + len(reply.reasoning) + sum(len(c.arguments) for c in reply.tool_calls)
+    written = rough_tokens(text)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": written,
+        "total_tokens": prompt + written,
+        "prompt_tokens_details": {"cached_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": len(reply.reasoning) // CHARS_PER_TOKEN},
+    }
+
+
+def _finish(reply: Reply) -> str:
+    return reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
+
+
+def completion(payload: dict[str, Any], reply: Reply, model: str) -> dict[str, Any]:
+    """The engine's JSON answer (`model`: when the request names none)."""
+    message: dict[str, Any] = {"role": "assistant", "content": model_text(reply) or None}
+    if reply.reasoning and reply.reasoning_key not in IN_CONTENT:
+        message[reply.reasoning_key] = reply.reasoning
+    if _native_calls(reply):
+        message["tool_calls"] = [
+            {
+                "id": c.id or f"call_fake{i}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": c.arguments},
+            }
+            for i, c in enumerate(reply.tool_calls)
+        ]
+    choice = {
+        "index": 0,
+        "message": message,
+        "finish_reason": _finish(reply),
+        "stop_reason": reply.stop_reason,
+    }
+    body = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 0,
+        "model": payload.get("model", model),
+        "choices": [choice],
+    }
+    if reply.usage:
+        body["usage"] = usage(payload, reply)
+    return body
+
+
+def chunks(payload: dict[str, Any], reply: Reply) -> list[dict[str, Any]]:
+    """The engine's stream, one dict per SSE `data:` line (before `[DONE]`)."""
+    head = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": payload.get("model"),
+    }
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+        return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, **extra}]}
+
+    out = [chunk({"role": "assistant", "content": ""})]
+    if reply.reasoning_key not in IN_CONTENT:
+        out += [chunk({reply.reasoning_key: s}) for s in _slices(reply.reasoning, reply.chunk_chars)]
+    out += [chunk({"content": s}) for s in _slices(model_text(reply), reply.chunk_chars)]
+    for i, call in enumerate(_native_calls(reply)):
+        first = {
+            "index": i,
+            "id": call.id or f"call_fake{i}",
+            "type": "function",
+            "function": {"name": call.name, "arguments": ""},
+        }
+        out.append(chunk({"tool_calls": [first]}))
+        out += [
+            chunk({"tool_calls": [{"index": i, "function": {"arguments": s}}]})
+            for s in _slices(call.arguments, reply.chunk_chars)
+        ]
+    out.append(chunk({}, _finish(reply), stop_reason=reply.stop_reason))
+    if reply.usage:
+        out.append({**head, "choices": [], "usage": usage(payload, reply)})
+    return out
+
+
+def error_body(reply: Reply) -> dict[str, Any]:
+    """vLLM's error answer for a scripted failure (OpenAI's `error` object, also at the top level)."""
+    error = {
+        "message": reply.error,
+        "type": "BadRequestError" if reply.status < 500 else "InternalServerError",
+        "code": reply.status,
+        "param": reply.param,
+    }
+    return {"object": "error", **error, "error": error}
+
+
 class FakeUpstream:
     def __init__(self, model: str = "kimi-linear", tokenizer: str | None = "vllm", name: str | None = None):
         self.model = model
@@ -174,85 +282,11 @@ class FakeUpstream:
                 break
         return Reply(content=f"echo: {last}")
 
-    def _usage(self, payload: dict[str, Any], reply: Reply) -> dict[str, Any]:
-        prompt = max(1, len(orjson.dumps(payload.get("messages", []))) // 4)
-        completion = max(
-            1,
-            (len(reply.content) + len(reply.reasoning) + sum(len(c.arguments) for c in reply.tool_calls))
-            // 4,
-        )
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": 0},
-            "completion_tokens_details": {"reasoning_tokens": len(reply.reasoning) // 4},
-        }
-
-    def _finish(self, reply: Reply) -> str:
-        return reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
-
     def completion(self, payload: dict[str, Any], reply: Reply) -> dict[str, Any]:
-        message: dict[str, Any] = {"role": "assistant", "content": model_text(reply) or None}
-        if reply.reasoning and reply.reasoning_key not in IN_CONTENT:
-            message[reply.reasoning_key] = reply.reasoning
-        if _native_calls(reply):
-            message["tool_calls"] = [
-                {
-                    "id": c.id or f"call_fake{i}",
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments},
-                }
-                for i, c in enumerate(reply.tool_calls)
-            ]
-        choice = {
-            "index": 0,
-            "message": message,
-            "finish_reason": self._finish(reply),
-            "stop_reason": reply.stop_reason,
-        }
-        body = {
-            "id": "chatcmpl-fake",
-            "object": "chat.completion",
-            "created": 0,
-            "model": payload.get("model", self.model),
-            "choices": [choice],
-        }
-        if reply.usage:
-            body["usage"] = self._usage(payload, reply)
-        return body
+        return completion(payload, reply, self.model)
 
     def chunks(self, payload: dict[str, Any], reply: Reply) -> list[dict[str, Any]]:
-        head = {
-            "id": "chatcmpl-fake",
-            "object": "chat.completion.chunk",
-            "created": 0,
-            "model": payload.get("model"),
-        }
-
-        def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
-            return {**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, **extra}]}
-
-        out = [chunk({"role": "assistant", "content": ""})]
-        if reply.reasoning_key not in IN_CONTENT:
-            out += [chunk({reply.reasoning_key: s}) for s in _slices(reply.reasoning, reply.chunk_chars)]
-        out += [chunk({"content": s}) for s in _slices(model_text(reply), reply.chunk_chars)]
-        for i, call in enumerate(_native_calls(reply)):
-            first = {
-                "index": i,
-                "id": call.id or f"call_fake{i}",
-                "type": "function",
-                "function": {"name": call.name, "arguments": ""},
-            }
-            out.append(chunk({"tool_calls": [first]}))
-            out += [
-                chunk({"tool_calls": [{"index": i, "function": {"arguments": s}}]})
-                for s in _slices(call.arguments, reply.chunk_chars)
-            ]
-        out.append(chunk({}, self._finish(reply), stop_reason=reply.stop_reason))
-        if reply.usage:
-            out.append({**head, "choices": [], "usage": self._usage(payload, reply)})
-        return out
+        return chunks(payload, reply)
 
     # -- ASGI -----------------------------------------------------------------------------------
 
@@ -290,14 +324,14 @@ class FakeUpstream:
 
     def _tokenizer_reply(self, path: str, request: dict[str, Any]) -> dict[str, Any]:
         if self.tokenizer == "vllm":
-            return {"count": max(1, len(orjson.dumps(request.get("messages", []))) // 4)}
+            return {"count": rough_tokens(len(orjson.dumps(request.get("messages", []))))}
         if path == "/apply-template":  # llama.cpp
             return {
                 "prompt": "".join(
                     f"<{m['role']}>{m.get('content') or ''}" for m in request.get("messages", [])
                 )
             }
-        return {"tokens": list(range(len(request.get("content", "")) // 4))}
+        return {"tokens": list(range(len(request.get("content", "")) // CHARS_PER_TOKEN))}
 
     async def _json(
         self, send: Any, status: int, body: dict[str, Any], extra: dict[str, str] | None = None
@@ -311,14 +345,7 @@ class FakeUpstream:
     async def _chat(self, payload: dict[str, Any], receive: Any, send: Any) -> None:
         reply = self._next_reply(payload)
         if reply.status >= 400:
-            error = {
-                "message": reply.error,
-                "type": "BadRequestError" if reply.status < 500 else "InternalServerError",
-                "code": reply.status,
-                "param": reply.param,
-            }
-            body = {"object": "error", **error, "error": error}
-            return await self._json(send, reply.status, body, reply.headers)
+            return await self._json(send, reply.status, error_body(reply), reply.headers)
         if reply.raw is not None:
             return await self._raw(reply, send, payload.get("stream"))
         if not payload.get("stream"):
@@ -384,27 +411,5 @@ class FakeUpstream:
 def serve_in_thread(app: Any, host: str = "127.0.0.1", timeout_keep_alive: float = 5) -> Iterator[str]:
     """Serve an ASGI app with uvicorn in a daemon thread on an ephemeral port; yields `http://host:port/v1`.
     `timeout_keep_alive`: seconds before uvicorn closes an idle keep-alive connection."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # see k3/cli.py: Nagle
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, log_level="error", lifespan="off", access_log=False, timeout_keep_alive=timeout_keep_alive
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        for _ in range(1000):
-            if server.started:
-                break
-            if not thread.is_alive():
-                raise RuntimeError("the fake upstream server thread died on start")
-            threading.Event().wait(0.01)
-        else:
-            raise RuntimeError("the fake upstream server did not start within 10 s")
-        yield f"http://{host}:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    with listen.serve_in_thread(app, host, timeout_keep_alive) as root:
+        yield f"{root}/v1"

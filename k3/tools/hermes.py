@@ -6,10 +6,10 @@ tags included, so the user sees what the model wrote.
 
 from __future__ import annotations
 
+from common.scan import find_first, held_suffix
 from k3.tools.arguments import JSON_ERRORS, call_from_members, parse_members
 from k3.tools.events import Event, Text, ToolCall
 from k3.tools.ids import new_call_id
-from k3.tools.scan import find_first, held_suffix
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _IN_CALL = (CLOSE, OPEN)

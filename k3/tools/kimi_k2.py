@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import re
 
+from common.scan import find_first, held_suffix
 from k3.tools.arguments import coerce_raw
 from k3.tools.events import Event, Text, ToolCall
 from k3.tools.ids import new_call_id
-from k3.tools.scan import find_first, held_suffix
 
 SECTION_BEGIN = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
 SECTION_END = ("<|tool_calls_section_end|>", "<|tool_call_section_end|>")

@@ -30,10 +30,10 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from common.scan import find_first, held_suffix
 from k3.tools.arguments import JSON_ERRORS
 from k3.tools.events import Event, Reasoning, Text, ToolCall
 from k3.tools.ids import new_call_id
-from k3.tools.scan import find_first, held_suffix
 
 OPEN, CLOSE, SEP, END = "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"
 TOKENS = (OPEN, CLOSE, SEP, END)

@@ -20,12 +20,12 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from common.listen import serve_in_thread
 from harness.hardware import REPO_ROOT
 from runners.conformance.clients import Setup
 from runners.conformance.install import Installed
 from runners.conformance.k3proc import K3Error, k3_server
 from runners.conformance.scenarios import Case, Evidence, Result, Words
-from runners.conformance.servers import serve_in_thread
 from runners.conformance.tap import Tap
 from runners.conformance.upstream import MODEL, ScriptedUpstream
 

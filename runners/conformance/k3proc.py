@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from runners.conformance.servers import free_port
+from common.listen import free_port
 
 START_TIMEOUT_S = 30.0
 K3_REPO_ENV = "K3_REPO"

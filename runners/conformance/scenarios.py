@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from k3.testing.fake_upstream import Reply, ToolCall
 from runners.conformance.clients import CLIENTS, Client, Outcome, Request
 from runners.conformance.tap import Hit
-from runners.conformance.upstream import Call, Exchange, Reply
+from runners.conformance.upstream import Exchange
 
 TURN_ROUTES = ("/v1/messages", "/v1/chat/completions", "/v1/responses")
 MARKER_FILE = "marker.txt"
@@ -170,7 +171,7 @@ class Plain(Scenario):
         return Request("Say hello.", self.streams(client), tools=False)
 
     def replies(self, client: Client, words: Words) -> list[Reply]:
-        return [Reply(text=words.answer, reasoning=words.reasoning)]
+        return [Reply(content=words.answer, reasoning=words.reasoning)]
 
     def check_own(self, client: Client, words: Words, ev: Evidence) -> str | None:
         return self.check_answer(words, ev) or self.check_streaming(client, ev)
@@ -181,7 +182,7 @@ class EngineError(Scenario):
         return Request("Say hello.", self.streams(client), tools=False)
 
     def replies(self, client: Client, words: Words) -> list[Reply]:
-        return [Reply(text=words.failure, status=client.error_status)]
+        return [Reply(error=words.failure, status=client.error_status)]
 
     def error_expected(self) -> bool:
         return True
@@ -199,20 +200,20 @@ class EngineError(Scenario):
 class ToolRoundTrip(Scenario):
     """The engine calls the client's shell tool; the client runs it and sends the result back."""
 
-    def first_call(self, client: Client, words: Words) -> Call:
+    def first_call(self, client: Client, words: Words) -> ToolCall:
         if client.shell_call is None:
             raise ValueError(f"{client.name} has no shell tool")
-        return Call(*client.shell_call, id=CALL_ID)
+        return ToolCall(*client.shell_call, id=CALL_ID)
 
     def replies(self, client: Client, words: Words) -> list[Reply]:
         first = Reply(
-            text="" if self.tool_format in ("json", "pythonic") else "Reading the marker.",
+            content="" if self.tool_format in ("json", "pythonic") else "Reading the marker.",
             reasoning=words.reasoning,
-            calls=(self.first_call(client, words),),
+            tool_calls=[self.first_call(client, words)],
             tool_format=self.tool_format,
-            reasoning_field=self.reasoning_field,
+            reasoning_key=self.reasoning_field,
         )
-        return [first, Reply(text=words.answer)]
+        return [first, Reply(content=words.answer)]
 
     def expected_agent_requests(self) -> int:
         return 2
@@ -234,7 +235,7 @@ def check_replayed_turn(exchange: Exchange, sent: Reply, result: str) -> str | N
     where = "engine request #2"
     if not isinstance(messages, list):
         return f"{where} has no messages list"
-    call = sent.calls[0]
+    call = sent.tool_calls[0]
     found = None
     for i, message in enumerate(messages):
         if isinstance(message, dict) and message.get("role") == "assistant":
@@ -273,12 +274,12 @@ def check_replayed_turn(exchange: Exchange, sent: Reply, result: str) -> str | N
 
 def _check_reasoning(message: dict, sent: Reply) -> str | None:
     want = sent.reasoning
-    if sent.reasoning_field == "think":
+    if sent.reasoning_key == "think":
         content = message.get("content")
         if not (isinstance(content, str) and content.startswith(f"<think>{want}</think>")):
             return f"content {_show(content)} does not start with the engine's <think>{want}</think>"
         return None
-    key = "reasoning" if sent.reasoning_field == "reasoning" else "reasoning_content"
+    key = "reasoning" if sent.reasoning_key == "reasoning" else "reasoning_content"
     if message.get(key) != want:
         return f"{key} is {_show(message.get(key))}, not the engine's reasoning {want!r} (keys: {sorted(message)})"
     return None
@@ -290,9 +291,9 @@ APPLY_PATCH = "*** Begin Patch\n*** Add File: {file}\n+patched {nonce}\n*** End 
 class ApplyPatch(ToolRoundTrip):
     """Codex's freeform `apply_patch` tool: reaches the engine as a function with one `input` string."""
 
-    def first_call(self, client: Client, words: Words) -> Call:
+    def first_call(self, client: Client, words: Words) -> ToolCall:
         patch = APPLY_PATCH.format(file=PATCH_FILE, nonce=words.nonce)
-        return Call("apply_patch", json.dumps({"input": patch}), id=CALL_ID)
+        return ToolCall("apply_patch", json.dumps({"input": patch}), id=CALL_ID)
 
     def expected_result(self, words: Words) -> str:
         return PATCH_FILE
@@ -321,7 +322,7 @@ class Edit(Scenario):
         (work / EDIT_FILE).write_text("hello\n")
 
     def replies(self, client: Client, words: Words) -> list[Reply]:
-        return [Reply(text=f"{EDIT_FILE}\n```\nhello {words.nonce}\n```\n")]
+        return [Reply(content=f"{EDIT_FILE}\n```\nhello {words.nonce}\n```\n")]
 
     def check_own(self, client: Client, words: Words, ev: Evidence) -> str | None:
         text = (ev.work / EDIT_FILE).read_text()

@@ -26,7 +26,7 @@ SDK = CLIENTS["openai-sdk-chat"]
 
 
 def second_request(reply, result=WORDS.marker, content="Reading the marker."):
-    call = reply.calls[0]
+    call = reply.tool_calls[0]
     assistant = {
         "role": "assistant",
         "content": content,

@@ -6,7 +6,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from runners.conformance.servers import serve_in_thread
+from common.listen import serve_in_thread
 from runners.conformance.tap import Tap
 
 

@@ -1,12 +1,15 @@
-"""The scripted engine: its text formats are what k3's parsers read, and it answers like an engine."""
+"""The scripted engine (the fake engine's replies, played by the conformance upstream): its text formats are
+what k3's parsers read, and it answers like an engine."""
 
 import httpx
 import orjson
 import pytest
 
+from common.listen import serve_in_thread
+from k3.testing.fake_upstream import Reply, model_text
+from k3.testing.fake_upstream import ToolCall as Call
 from k3.tools import Reasoning, Text, ThinkSplitter, ToolCall, make_parser, merge_events
-from runners.conformance.servers import serve_in_thread
-from runners.conformance.upstream import SIDE_ANSWER, Call, Reply, ScriptedUpstream
+from runners.conformance.upstream import SIDE_ANSWER, ScriptedUpstream
 
 TOOLS = [
     {
@@ -34,45 +37,42 @@ def parse(parser, text: str, size: int = 5):
 @pytest.mark.parametrize("fmt", ["kimi_k3", "kimi", "hermes", "json"])
 def test_text_formats_parse_back_to_the_same_call_bytes(fmt):
     text = "" if fmt == "json" else "Reading."
-    reply = Reply(text=text, calls=(CALL,), tool_format=fmt)
-    events = parse(make_parser(fmt, TOOLS), reply.content())
+    reply = Reply(content=text, tool_calls=[CALL], tool_format=fmt)
+    events = parse(make_parser(fmt, TOOLS), model_text(reply))
     calls = [e for e in events if isinstance(e, ToolCall)]
     assert [(c.name, c.arguments) for c in calls] == [("shell", CALL.arguments)]
     assert [e.text for e in events if isinstance(e, Text)] == ([text] if text else [])
-    assert CALL.arguments in reply.content()
+    assert CALL.arguments in model_text(reply)
 
 
 def test_pythonic_format_carries_the_values():
-    reply = Reply(calls=(CALL,), tool_format="pythonic")
-    [call] = parse(make_parser("pythonic", TOOLS), reply.content())
+    reply = Reply(tool_calls=[CALL], tool_format="pythonic")
+    [call] = parse(make_parser("pythonic", TOOLS), model_text(reply))
     assert orjson.loads(call.arguments) == orjson.loads(CALL.arguments)
 
 
 def test_kimi_k2_ids_and_native_ids_are_the_engines():
-    assert Reply(calls=(CALL,), tool_format="kimi").expected_call_id(0) == "functions.shell:0"
-    assert Reply(calls=(CALL,)).expected_call_id(0) == "call_x"
-    assert Reply(calls=(CALL,), tool_format="hermes").expected_call_id(0) is None
+    assert Reply(tool_calls=[CALL], tool_format="kimi").expected_call_id(0) == "functions.shell:0"
+    assert Reply(tool_calls=[CALL]).expected_call_id(0) == "call_x"
+    assert Reply(tool_calls=[CALL], tool_format="hermes").expected_call_id(0) is None
 
 
 def test_reasoning_in_the_text_vehicles():
-    k3 = Reply(text="Hi.", reasoning="R <1>", calls=(CALL,), tool_format="kimi_k3", reasoning_field="kimi_k3")
-    events = parse(make_parser("kimi_k3"), k3.content())
-    assert events[:2] == [Reasoning("R <1>"), Text("Hi.")]
-    think = Reply(text="Hi.", reasoning="R <1>", reasoning_field="think")
-    assert parse(ThinkSplitter(), think.content()) == [Reasoning("R <1>"), Text("Hi.")]
-    assert (
-        think.reasoning_key() is None
-        and Reply(reasoning="r", reasoning_field="reasoning").reasoning_key() == "reasoning"
+    k3 = Reply(
+        content="Hi.", reasoning="R <1>", tool_calls=[CALL], tool_format="kimi_k3", reasoning_key="kimi_k3"
     )
+    events = parse(make_parser("kimi_k3"), model_text(k3))
+    assert events[:2] == [Reasoning("R <1>"), Text("Hi.")]
+    think = Reply(content="Hi.", reasoning="R <1>", reasoning_key="think")
+    assert parse(ThinkSplitter(), model_text(think)) == [Reasoning("R <1>"), Text("Hi.")]
 
 
 @pytest.mark.parametrize(
     "kwargs",
     [
         {"tool_format": "nope"},
-        {"reasoning_field": "nope"},
-        {"reasoning_field": "kimi_k3"},
-        {"tool_format": "json", "text": "x", "calls": (CALL,)},
+        {"tool_format": "json", "content": "x", "tool_calls": [CALL]},
+        {"tool_format": "pythonic", "content": "x", "tool_calls": [CALL]},
     ],
 )
 def test_impossible_replies_are_refused(kwargs):
@@ -95,7 +95,7 @@ def sse(response) -> list[dict]:
 
 def test_streamed_turn_has_reasoning_text_and_call_deltas(engine):
     upstream, client = engine
-    upstream.play([Reply(text="Reading the file.", reasoning="Think first.", calls=(CALL,))])
+    upstream.play([Reply(content="Reading the file.", reasoning="Think first.", tool_calls=[CALL])])
     body = {"model": "m", "messages": [], "stream": True, "stream_options": {"include_usage": True}}
     chunks = sse(client.post("/v1/chat/completions", json=body))
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
@@ -114,7 +114,7 @@ def test_streamed_turn_has_reasoning_text_and_call_deltas(engine):
 
 def test_json_turn_side_requests_and_an_exhausted_script(engine):
     upstream, client = engine
-    upstream.play([Reply(text="first", reasoning="r", reasoning_field="reasoning")], side_when_no_tools=True)
+    upstream.play([Reply(content="first", reasoning="r", reasoning_key="reasoning")], side_when_no_tools=True)
     side = client.post("/v1/chat/completions", json={"messages": []}).json()
     assert side["choices"][0]["message"]["content"] == SIDE_ANSWER
     turn = client.post("/v1/chat/completions", json={"messages": [], "tools": TOOLS}).json()
@@ -126,7 +126,7 @@ def test_json_turn_side_requests_and_an_exhausted_script(engine):
 
 def test_error_replies_models_tokenize_and_unknown_routes(engine):
     upstream, client = engine
-    upstream.play([Reply(text="engine broke", status=503)])
+    upstream.play([Reply(error="engine broke", status=503)])
     failed = client.post("/v1/chat/completions", json={"messages": [], "stream": True})
     assert failed.status_code == 503 and failed.json()["error"]["message"] == "engine broke"
     assert client.get("/v1/models").json()["data"][0]["id"] == upstream.model
@@ -140,7 +140,7 @@ def test_error_replies_models_tokenize_and_unknown_routes(engine):
 
 def test_a_client_retrying_a_scripted_failure_gets_the_same_failure_for_the_same_turn(engine):
     upstream, client = engine
-    upstream.play([Reply(text="engine broke", status=400)])
+    upstream.play([Reply(error="engine broke", status=400)])
     for _ in range(2):
         failed = client.post("/v1/chat/completions", json={"messages": [], "tools": TOOLS})
         assert failed.status_code == 400 and failed.json()["error"]["message"] == "engine broke"

@@ -1,7 +1,7 @@
 import psutil
 import pytest
 
-from harness.caps import GIB, MemoryCap, MemoryCapExceeded
+from common.memory_cap import GIB, MemoryCap, MemoryCapExceeded
 
 
 def current_rss() -> int:

@@ -7,27 +7,14 @@ import openai
 import pytest
 from k3_helpers import anthropic_stream, chat_stream, responses_stream, sse_frames
 
-from k3 import presets
+from k3 import ir, presets
 from k3.config import Config
+from k3.dialects import DIALECTS, Dialect
 from k3.dialects import anthropic as anthropic_dialect
 from k3.dialects import chat as chat_dialect
 from k3.dialects import responses as responses_dialect
 from k3.dialects.common import Turn
 from k3.errors import ProxyError
-from k3.ir import (
-    CanonicalResponse,
-    Finish,
-    ReasoningDelta,
-    ReasoningEnd,
-    ReasoningPart,
-    TextDelta,
-    TextPart,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallPart,
-    ToolCallStart,
-    Usage,
-)
 from k3.upstream_request import TOOL_ERROR_PREFIX, build_payload
 
 CONFIG = Config()
@@ -46,23 +33,27 @@ def turn(module, body, preset="openai"):
 
 def events_for(call_args='{"cmd": "ls"}', stop="tool_calls"):
     return [
-        ReasoningDelta("plan "),
-        ReasoningDelta("it"),
-        ReasoningEnd("plan it", None),
-        TextDelta("Running "),
-        TextDelta("ls."),
-        ToolCallStart(0, "call_1", "bash"),
-        ToolCallDelta(0, call_args[:5]),
-        ToolCallDelta(0, call_args[5:]),
-        ToolCallEnd(0, "call_1", "bash", call_args),
-        Finish(stop, Usage(100, 20, 40, 5)),
+        ir.ReasoningDelta("plan "),
+        ir.ReasoningDelta("it"),
+        ir.ReasoningEnd("plan it", None),
+        ir.TextDelta("Running "),
+        ir.TextDelta("ls."),
+        ir.ToolCallStart(0, "call_1", "bash"),
+        ir.ToolCallDelta(0, call_args[:5]),
+        ir.ToolCallDelta(0, call_args[5:]),
+        ir.ToolCallEnd(0, "call_1", "bash", call_args),
+        ir.Finish(stop, ir.Usage(100, 20, 40, 5)),
     ]
 
 
-RESPONSE = CanonicalResponse(
-    [ReasoningPart("plan it"), TextPart("Running ls."), ToolCallPart("call_1", "bash", '{"cmd": "ls"}')],
+RESPONSE = ir.CanonicalResponse(
+    [
+        ir.ReasoningPart("plan it"),
+        ir.TextPart("Running ls."),
+        ir.ToolCallPart("call_1", "bash", '{"cmd": "ls"}'),
+    ],
     "tool_calls",
-    Usage(100, 20, 40, 5),
+    ir.Usage(100, 20, 40, 5),
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -227,7 +218,7 @@ def test_anthropic_thinking_disabled_hides_reasoning():
     ],
 )
 def test_stop_reason_mapping_is_consistent_across_dialects(stop, expected):
-    response = CanonicalResponse([TextPart("x")], stop, Usage())
+    response = ir.CanonicalResponse([ir.TextPart("x")], stop, ir.Usage())
     a = anthropic_dialect.render(response, turn(anthropic_dialect, {"messages": []}))
     c = chat_dialect.render(response, turn(chat_dialect, {"messages": []}))
     r = responses_dialect.render(response, turn(responses_dialect, {"input": "x"}))
@@ -242,7 +233,7 @@ def test_anthropic_stream_event_order_and_sdk_accumulation():
     t = turn(anthropic_dialect, {"model": "claude-x", "messages": []}, "claude-code")
     stream = anthropic_dialect.Stream(t)
     events = events_for()
-    events[2] = ReasoningEnd("plan it", "sig-1")
+    events[2] = ir.ReasoningEnd("plan it", "sig-1")
     text = (stream.start() + b"".join(stream.feed(e) for e in events)).decode()
     names = [name for name, _ in sse_frames(text)]
     assert names == [
@@ -261,7 +252,7 @@ def test_anthropic_stream_event_order_and_sdk_accumulation():
 
 def test_anthropic_stop_sequence_reported():
     t = turn(anthropic_dialect, {"messages": [], "stop_sequences": ["</x>"]})
-    response = CanonicalResponse([TextPart("a")], "stop", Usage(), "</x>")
+    response = ir.CanonicalResponse([ir.TextPart("a")], "stop", ir.Usage(), "</x>")
     body = anthropic_dialect.render(response, t)
     assert (body["stop_reason"], body["stop_sequence"]) == ("stop_sequence", "</x>")
 
@@ -495,7 +486,9 @@ def responses_dialect_render_equivalent(t):
 def test_responses_length_gives_incomplete_event():
     t = turn(responses_dialect, {"input": "x", "stream": True})
     stream = responses_dialect.Stream(t)
-    text = (stream.start() + stream.feed(TextDelta("cut")) + stream.feed(Finish("length", Usage()))).decode()
+    text = (
+        stream.start() + stream.feed(ir.TextDelta("cut")) + stream.feed(ir.Finish("length", ir.Usage()))
+    ).decode()
     assert sse_frames(text)[-1][0] == "response.incomplete"
     assert responses_stream(text).incomplete_details.reason == "max_output_tokens"
 
@@ -505,10 +498,10 @@ def test_responses_custom_tool_call_round_trips_as_custom_item():
     t = turn(responses_dialect, body, "codex")
     args = '{"input": "*** Begin Patch\\n*** End Patch\\n"}'
     events = [
-        ToolCallStart(0, "c9", "apply_patch"),
-        ToolCallDelta(0, args),
-        ToolCallEnd(0, "c9", "apply_patch", args),
-        Finish("tool_calls", Usage()),
+        ir.ToolCallStart(0, "c9", "apply_patch"),
+        ir.ToolCallDelta(0, args),
+        ir.ToolCallEnd(0, "c9", "apply_patch", args),
+        ir.Finish("tool_calls", ir.Usage()),
     ]
     stream = responses_dialect.Stream(t)
     text = (stream.start() + b"".join(stream.feed(e) for e in events)).decode()
@@ -520,6 +513,12 @@ def test_responses_custom_tool_call_round_trips_as_custom_item():
         and item.call_id == "call_k3_c9"  # the engine's "c9", in the Responses style
     )
     rendered = responses_dialect.render(
-        CanonicalResponse([ToolCallPart("c9", "apply_patch", args)], "tool_calls", Usage()), t
+        ir.CanonicalResponse([ir.ToolCallPart("c9", "apply_patch", args)], "tool_calls", ir.Usage()), t
     )
     assert rendered["output"][0]["input"] == "*** Begin Patch\n*** End Patch\n"
+
+
+@pytest.mark.parametrize("name", sorted(DIALECTS))
+def test_each_dialect_module_implements_the_protocol(name):
+    assert isinstance(DIALECTS[name], Dialect)
+    assert callable(DIALECTS[name].Stream)

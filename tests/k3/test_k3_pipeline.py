@@ -8,19 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from k3 import ir
 from k3.errors import ProxyError
-from k3.ir import (
-    Finish,
-    ReasoningDelta,
-    ReasoningEnd,
-    ReasoningPart,
-    TextDelta,
-    TextPart,
-    ToolCallDelta,
-    ToolCallEnd,
-    ToolCallPart,
-    ToolCallStart,
-)
 from k3.pipeline import Collector, Translator, completion_to_chunk, make_text_parser
 from k3.sse import SSEDecoder, named, typed
 from k3.testing.fake_upstream import FakeUpstream, Reply, ToolCall
@@ -64,14 +53,19 @@ def test_reasoning_closes_before_text_and_reopens_as_a_new_segment():
     assert kinds(events) == [
         "ReasoningDelta", "ReasoningEnd", "TextDelta", "ReasoningDelta", "ReasoningEnd", "TextDelta", "Finish",
     ]  # fmt: skip
-    assert [e.text for e in events if isinstance(e, ReasoningEnd)] == ["r1", "r2"]
+    assert [e.text for e in events if isinstance(e, ir.ReasoningEnd)] == ["r1", "r2"]
     response = fold(events)
-    assert response.parts == [ReasoningPart("r1"), TextPart("t1"), ReasoningPart("r2"), TextPart("t2")]
+    assert response.parts == [
+        ir.ReasoningPart("r1"),
+        ir.TextPart("t1"),
+        ir.ReasoningPart("r2"),
+        ir.TextPart("t2"),
+    ]
 
 
 def test_reasoning_field_named_reasoning_is_read_too():
     events = run([chunk({"reasoning": "why"}), chunk({"content": "x"}, "stop")])
-    assert [e.text for e in events if isinstance(e, ReasoningDelta)] == ["why"]
+    assert [e.text for e in events if isinstance(e, ir.ReasoningDelta)] == ["why"]
 
 
 def test_native_call_held_until_name_whole_and_arguments_begun():
@@ -86,13 +80,13 @@ def test_native_call_held_until_name_whole_and_arguments_begun():
             chunk({}, "tool_calls"),
         ]
     )
-    starts = [e for e in events if isinstance(e, ToolCallStart)]
+    starts = [e for e in events if isinstance(e, ir.ToolCallStart)]
     assert starts == [
-        ToolCallStart(0, "call_a", "get_weather")
+        ir.ToolCallStart(0, "call_a", "get_weather")
     ]  # name split, then repeated: announced once, whole
-    assert "".join(e.text for e in events if isinstance(e, ToolCallDelta)) == '{"city": "SF"}'
-    end = next(e for e in events if isinstance(e, ToolCallEnd))
-    assert end == ToolCallEnd(0, "call_a", "get_weather", '{"city": "SF"}')
+    assert "".join(e.text for e in events if isinstance(e, ir.ToolCallDelta)) == '{"city": "SF"}'
+    end = next(e for e in events if isinstance(e, ir.ToolCallEnd))
+    assert end == ir.ToolCallEnd(0, "call_a", "get_weather", '{"city": "SF"}')
     assert events[-1].stop_reason == "tool_calls"
 
 
@@ -106,8 +100,8 @@ def test_arguments_before_the_name_still_reach_the_client():
             chunk({}, "stop"),
         ]
     )
-    assert "".join(e.text for e in events if isinstance(e, ToolCallDelta)) == '{"a": 1}'
-    assert next(e for e in events if isinstance(e, ToolCallStart)).name == "f"
+    assert "".join(e.text for e in events if isinstance(e, ir.ToolCallDelta)) == '{"a": 1}'
+    assert next(e for e in events if isinstance(e, ir.ToolCallStart)).name == "f"
 
 
 def test_id_is_frozen_at_start_and_minted_when_missing():
@@ -118,8 +112,8 @@ def test_id_is_frozen_at_start_and_minted_when_missing():
             chunk({}, "tool_calls"),
         ]
     )
-    start = next(e for e in events if isinstance(e, ToolCallStart))
-    end = next(e for e in events if isinstance(e, ToolCallEnd))
+    start = next(e for e in events if isinstance(e, ir.ToolCallStart))
+    end = next(e for e in events if isinstance(e, ir.ToolCallEnd))
     assert start.id.startswith("call_") and len(start.id) == 29
     assert end.id == start.id
 
@@ -137,7 +131,7 @@ def test_sequential_calls_never_interleave_and_late_fragments_are_an_error():
         "ToolCallStart", "ToolCallDelta", "ToolCallEnd", "ToolCallStart", "ToolCallDelta", "ToolCallDelta",
         "ToolCallEnd", "Finish",
     ]  # fmt: skip
-    assert [e.index for e in events if isinstance(e, ToolCallStart)] == [0, 1]
+    assert [e.index for e in events if isinstance(e, ir.ToolCallStart)] == [0, 1]
     translator = Translator(PassthroughParser())
     translator.feed(
         chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "f", "arguments": "{"}}]})
@@ -189,7 +183,7 @@ def test_text_parser_seam_expands_parsed_calls_and_upgrades_stop():
         "TextDelta", "Finish",
     ]  # fmt: skip
     assert events[-1].stop_reason == "tool_calls"
-    assert fold(events).parts[2] == ToolCallPart(events[3].id, "f", '{"x": 1}')
+    assert fold(events).parts[2] == ir.ToolCallPart(events[3].id, "f", '{"x": 1}')
 
 
 def test_make_text_parser_builds_every_parser_and_wraps_inline_think():
@@ -211,7 +205,7 @@ def test_reasoning_segments_are_signed_where_they_close():
     translator = Translator(PassthroughParser(), sign=sign)
     events = translator.feed(chunk({"reasoning_content": "r1"})) + translator.feed(chunk({"content": "t"}))
     events += translator.feed(chunk({"reasoning": "r2"}, "stop")) + translator.finish()
-    ends = [e for e in events if isinstance(e, ReasoningEnd)]
+    ends = [e for e in events if isinstance(e, ir.ReasoningEnd)]
     assert [(e.text, e.signature) for e in ends] == [("r1", "sig-1"), ("r2", "sig-2")]
     assert translator.vehicle == "reasoning_content"
 
@@ -363,32 +357,32 @@ def test_typed_frames_are_the_dict_built_frames_byte_for_byte(event, fields, n):
 
 def check_contract(events):
     """The ordering contract of k3.ir, checked event by event."""
-    assert isinstance(events[-1], Finish) and not any(isinstance(e, Finish) for e in events[:-1])
+    assert isinstance(events[-1], ir.Finish) and not any(isinstance(e, ir.Finish) for e in events[:-1])
     reasoning: list[str] | None = None
-    call: ToolCallStart | None = None
+    call: ir.ToolCallStart | None = None
     args: list[str] = []
     for event in events:
         if call is not None:
-            assert isinstance(event, ToolCallDelta | ToolCallEnd), f"{event} inside call {call}"
+            assert isinstance(event, ir.ToolCallDelta | ir.ToolCallEnd), f"{event} inside call {call}"
             assert event.index == call.index
-            if isinstance(event, ToolCallDelta):
+            if isinstance(event, ir.ToolCallDelta):
                 args.append(event.text)
             else:
                 assert (event.id, event.name, event.arguments) == (call.id, call.name, "".join(args))
                 call, args = None, []
             continue
-        if isinstance(event, ReasoningDelta):
+        if isinstance(event, ir.ReasoningDelta):
             reasoning = (reasoning or []) + [event.text]
-        elif isinstance(event, ReasoningEnd):
+        elif isinstance(event, ir.ReasoningEnd):
             assert reasoning is not None and event.text == "".join(reasoning)
             reasoning = None
         else:
             assert reasoning is None, f"{event} before the reasoning segment closed"
-            if isinstance(event, ToolCallStart):
+            if isinstance(event, ir.ToolCallStart):
                 assert event.name
                 call = event
             else:
-                assert isinstance(event, TextDelta | Finish), event
+                assert isinstance(event, ir.TextDelta | ir.Finish), event
     assert call is None
 
 
@@ -448,7 +442,9 @@ def test_a_growing_name_resent_on_each_delta_is_announced_once_not_joined():
             chunk({}, "tool_calls"),
         ]
     )
-    assert [e for e in events if isinstance(e, ToolCallStart)] == [ToolCallStart(0, "call_a", "get_weather")]
+    assert [e for e in events if isinstance(e, ir.ToolCallStart)] == [
+        ir.ToolCallStart(0, "call_a", "get_weather")
+    ]
 
 
 def test_items_without_index_that_repeat_their_id_continue_that_call():
@@ -460,8 +456,8 @@ def test_items_without_index_that_repeat_their_id_continue_that_call():
             chunk({}, "tool_calls"),
         ]
     )
-    ends = [e for e in events if isinstance(e, ToolCallEnd)]
-    assert ends == [ToolCallEnd(0, "call_a", "f", '{"a": 1}')]
+    ends = [e for e in events if isinstance(e, ir.ToolCallEnd)]
+    assert ends == [ir.ToolCallEnd(0, "call_a", "f", '{"a": 1}')]
 
 
 def test_items_without_index_or_id_that_bring_a_name_start_a_new_call():
@@ -473,7 +469,7 @@ def test_items_without_index_or_id_that_bring_a_name_start_a_new_call():
             chunk({}, "tool_calls"),
         ]
     )
-    ends = [(e.index, e.name, e.arguments) for e in events if isinstance(e, ToolCallEnd)]
+    ends = [(e.index, e.name, e.arguments) for e in events if isinstance(e, ir.ToolCallEnd)]
     assert ends == [(0, "f", '{"x": 1}'), (1, "g", "{}")]
 
 
@@ -481,7 +477,7 @@ def test_object_arguments_become_json_text():
     events = run(
         [chunk({"tool_calls": [{"index": 0, "id": "c", "function": {"name": "f", "arguments": {"a": 1}}}]})]
     )
-    assert next(e for e in events if isinstance(e, ToolCallEnd)).arguments == '{"a":1}'
+    assert next(e for e in events if isinstance(e, ir.ToolCallEnd)).arguments == '{"a":1}'
 
 
 @settings(max_examples=100, deadline=None)
@@ -509,7 +505,7 @@ def test_streamed_native_calls_reassemble_however_the_engine_splits_them(calls, 
             else:  # engines without indices repeat the id (a bare new name would start a new call)
                 item["id"] = f"call_{index}"
             chunks.append(chunk({"tool_calls": [item]}))
-    ends = [e for e in run([*chunks, chunk({}, "tool_calls")]) if isinstance(e, ToolCallEnd)]
+    ends = [e for e in run([*chunks, chunk({}, "tool_calls")]) if isinstance(e, ir.ToolCallEnd)]
     assert [e.index for e in ends] == list(range(len(calls)))
     # A call with no arguments is announced at the end (it cannot start before they begin).
     assert sorted((e.id, e.name, e.arguments) for e in ends) == [

@@ -4,7 +4,6 @@ reasoning). Only the ledger holds the raw argument bytes, so these checks need i
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -15,16 +14,11 @@ from pathlib import Path
 import httpx
 from conversation import ARGUMENTS, CHAT_TOOL, QUESTION, REASONING, RESULT, first_turn, second_turn
 
+from common.listen import free_port
 from k3.testing.fake_upstream import Reply, ToolCall
 from runners.processes import stop
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 import engine.kernels  # noqa: F401
+from engine.codec import LinearWeight, dequantize
 from engine.kernels import int4pack, registry
 from engine.kernels.cases import CASES
-from engine.quant.codec import LinearWeight, dequantize
 
 
 @pytest.mark.parametrize("n,k,group", [(48, 128, 32), (20, 96, 32), (16, 256, 64)])

@@ -6,13 +6,13 @@ import pytest
 import torch
 
 import engine.kernels  # noqa: F401
+from engine.codec import LinearWeight, quantize
 from engine.kernels import registry, triton_gemv, workspace
 from engine.kernels.cases import CASES
 from engine.kernels.equivalence import TOLERANCES, assert_equivalent, check, check_all
 from engine.kernels.linear import linear
 from engine.kernels.shapes import EDGE_SHAPES
 from engine.kernels.triton_gemv import LaunchConfig
-from engine.quant.codec import LinearWeight, quantize
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

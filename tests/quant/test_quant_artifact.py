@@ -9,9 +9,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from engine.codec import dequantize, quantize
 from engine.quant.artifact import Artifact, ArtifactVerificationError
 from engine.quant.build import build_artifact
-from engine.quant.codec import dequantize, quantize
 from engine.quant.manifest import ArtifactError, read_manifest, sha256_file, sha256_tensor, write_manifest
 from engine.quant.plan import PlanError, make_plan
 from engine.quant.source import SourceCheckpoint

@@ -3,7 +3,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.quant.codec import (
+from engine.codec import (
     CodecError,
     LinearWeight,
     dequantize,

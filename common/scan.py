@@ -1,6 +1,6 @@
-"""Delimiter search shared by the text parsers.
+"""Delimiter search in streamed text, shared by k3's parsers and the engine's output text.
 
-Every delimiter set used here is overlap-free (no proper suffix of one delimiter is a prefix of
+The parsers' delimiter sets are overlap-free (no proper suffix of one delimiter is a prefix of
 another), so the first complete match in a buffer is the same however the buffer was chunked.
 """
 
@@ -25,6 +25,8 @@ def held_suffix(buf: str, tokens: Sequence[str]) -> int:
     That suffix may still grow into a delimiter, so it must not be shown yet; everything before it
     can be emitted now.
     """
+    if not tokens:
+        return 0
     start = max(0, len(buf) - max(len(t) for t in tokens) + 1)
     held = 0
     for first in {t[0] for t in tokens}:
