@@ -208,11 +208,12 @@ def _weight_load_bits(loads: dict[str, int], element_bits: int | None) -> int | 
 
 def _weight_bytes_per_thread_step(name: str, constexprs: dict, num_warps: int) -> float | None:
     """Weight bytes one thread reads per K-loop iteration (for instructions per weight byte)."""
-    if "BLOCK_N" not in constexprs or "WORDS" not in constexprs:
+    if "BLOCK_N" not in constexprs or "WPT" not in constexprs:
         return None
     word = 2 if constexprs.get("FMT") == 2 else 4
     banks = 2 if name == "_grouped_swiglu_kernel" else 1
-    return banks * constexprs["BLOCK_N"] * constexprs["WORDS"] * word / (32 * num_warps)
+    words = constexprs["GPT"] * constexprs["WPT"]  # per K tile
+    return banks * constexprs["BLOCK_N"] * words * word / (32 * num_warps)
 
 
 def _cubin_facts(cubin: bytes, bytes_per_step: float | None) -> tuple[int | None, int | None, float | None]:
