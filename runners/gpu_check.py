@@ -285,7 +285,13 @@ def run(
     return 0
 
 
-STEP_TIMEOUT_S = {"copy": 60, "kernels": 150, "decode": 200, "prefill": 120}  # GPU and dry run alike
+STEP_TIMEOUT_S = {
+    "copy": 60,
+    "kernels": 150,
+    "decode": 200,
+    "prefill": 120,
+    "count": 45,
+}  # GPU and dry run alike
 BUDGET_S = 420  # the whole run: 7 minutes, inside the device's 10-minute command limit
 TAR_NAME, SUMMARY_NAME = "gpu-check-receipts.tar", "gpu-check-summary.txt"
 

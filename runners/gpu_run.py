@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-STEPS = ("copy", "kernels", "decode", "prefill")
+STEPS = ("copy", "kernels", "decode", "prefill", "count")
 GROUP = 32
 DECODE_CONTEXTS = {"gpu": (17, 1024), "dry": (17,)}
 PREFILL_CONTEXT = {"gpu": 32768, "dry": 64}
@@ -40,6 +40,11 @@ def run_step(step: str, work: Path, *, dry_run: bool) -> int:
     command = [sys.executable, "-m", "runners", "gpu-check", *(["--dry-run"] if dry_run else []), f"[{step}]"]
     if step == "copy":
         return _copy(work, device, command, results)
+    if step == "count":  # kernels per decode step, counted on meta (no device time): the fusion goal's figure
+        from runners.profile import count_kernels_receipt
+
+        count_kernels_receipt("tiny" if dry_run else "full", "default", 16, results)
+        return 0
     copy = json.loads((work / "copy.json").read_text())["copy_gbs"]
     if step == "kernels":
         return _kernels(device, copy, command, results)

@@ -10,11 +10,13 @@ One receipt per run, one sample per step and component. Method: docs/METHODS.md.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import click
 import torch
 
 from engine.cli_options import (
+    NO_QUANT,
     device_option,
     dtype_option,
     quant_option,
@@ -115,10 +117,25 @@ def profile_steps(engine: Engine, context: int, steps: int, seed: int) -> dict[s
 @click.option("--steps", type=click.IntRange(1), default=16, show_default=True, help="Profiled decode steps.")
 @threads_option("torch")
 @click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights and the prompt.")
+@click.option(
+    "--count-kernels",
+    is_flag=True,
+    help="Instead of timing: count the kernels one decode step launches with the CUDA kernels (aten ops + "
+    "Triton launches, by name) on the meta device, at batches 1 and 8 (no GPU, no weights; --synthetic "
+    "defaults to full, --quant to default); a kernel-count receipt. --context sets the cache length.",
+)
 @results_option
 @click.option("--no-regenerate", is_flag=True, help="Write the receipt only; skip RESULTS.md and figures.")
-def profile_command(synthetic, device, dtype, quant, context, steps, threads, seed, results, no_regenerate):  # fmt: skip
+def profile_command(synthetic, device, dtype, quant, context, steps, threads, seed, count_kernels, results,
+                    no_regenerate):  # fmt: skip
     """Split of a decode step's time by model component, as a receipt (the decode time split figure)."""
+    if count_kernels:
+        if quant == NO_QUANT:
+            raise click.UsageError(
+                "--count-kernels counts a quantisation plan's kernels: give a plan, not none"
+            )
+        report([count_kernels_receipt(synthetic or "full", quant or "default", context, results)])
+        return
     device = resolve_device(device)
     on_gpu = device.startswith("cuda")
     synthetic = synthetic or ("full" if on_gpu else "small")
@@ -148,3 +165,35 @@ def profile_command(synthetic, device, dtype, quant, context, steps, threads, se
     report([path])
     if not no_regenerate:
         regenerate(results)
+
+
+COUNT_BATCHES = (1, 8)
+
+
+def count_kernels_receipt(synthetic: str, quant: str, context: int, results) -> Path:
+    """Kernels per decode step of a synthetic preset with the CUDA kernels, counted on meta (a receipt)."""
+    from engine.kernels.aot import SM_COUNTS
+    from engine.quant.kernel_count import count_decode_kernels
+    from engine.model import preset
+    from engine.quant.plan import make_plan
+
+    samples, breakdown = {}, {}
+    for batch in COUNT_BATCHES:
+        counted = count_decode_kernels(preset(synthetic), make_plan(quant), batch=batch, context=context)
+        samples[f"kernels_b{batch}"] = [counted.total]
+        samples[f"aten_kernels_b{batch}"] = [sum(counted.aten.values())]
+        samples[f"triton_launches_b{batch}"] = [sum(counted.triton.values())]
+        breakdown[f"b{batch}"] = {"aten": counted.aten, "triton": counted.triton}
+    return write_receipt(
+        "kernel-count",
+        f"synthetic-{synthetic}.plan-{quant}.ctx{context}",
+        config={"model": f"synthetic-{synthetic}", "quant": quant, "context": context, "device": "meta",
+                "kernels": "CUDA shipped defaults", "sm_count": SM_COUNTS[90], "batches": list(COUNT_BATCHES),
+                "method": "one eager decode_tensors step on meta: aten ops that launch a kernel (views and "
+                          "allocations excluded) + intercepted Triton launches",
+                "breakdown": breakdown},
+        samples=samples,
+        units=dict.fromkeys(samples, "kernels/step"),
+        notes="counted, not timed: exact for the code counted; Inductor or CUDA graphs change launches, not ops",
+        results_dir=results,
+    )  # fmt: skip

@@ -28,6 +28,7 @@ import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
+from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
 from engine.kernels import registry, triton_gemv
@@ -53,15 +54,18 @@ class Launch:
 
 @contextmanager
 def _intercepted(sm_count: int):
-    """Record Triton launches instead of running them; launch_config sees ``sm_count`` SMs."""
+    """Record Triton launches instead of running them (compiled or interpreted kernels alike);
+    launch_config sees ``sm_count`` SMs."""
     recorded: list[tuple[JITFunction, tuple, dict]] = []
-    run, sm = JITFunction.run, triton_gemv._sm_count
-    JITFunction.run = lambda self, *args, grid, warmup, **kwargs: recorded.append((self, args, kwargs))
+    run, interpreted_run, sm = JITFunction.run, InterpretedFunction.run, triton_gemv._sm_count
+    JITFunction.run = InterpretedFunction.run = lambda self, *args, grid, warmup, **kwargs: recorded.append(
+        (self, args, kwargs)
+    )
     triton_gemv._sm_count = lambda device: sm_count
     try:
         yield recorded
     finally:
-        JITFunction.run, triton_gemv._sm_count = run, sm
+        JITFunction.run, InterpretedFunction.run, triton_gemv._sm_count = run, interpreted_run, sm
 
 
 def capture(config, *, group: int = 32, batches=(1, 8), sm_count: int = 132) -> list[Launch]:
@@ -208,11 +212,12 @@ def _weight_load_bits(loads: dict[str, int], element_bits: int | None) -> int | 
 
 def _weight_bytes_per_thread_step(name: str, constexprs: dict, num_warps: int) -> float | None:
     """Weight bytes one thread reads per K-loop iteration (for instructions per weight byte)."""
-    if "BLOCK_N" not in constexprs or "WORDS" not in constexprs:
+    if "BLOCK_N" not in constexprs or "WPT" not in constexprs:
         return None
     word = 2 if constexprs.get("FMT") == 2 else 4
     banks = 2 if name == "_grouped_swiglu_kernel" else 1
-    return banks * constexprs["BLOCK_N"] * constexprs["WORDS"] * word / (32 * num_warps)
+    words = constexprs["GPT"] * constexprs["WPT"]  # per K tile
+    return banks * constexprs["BLOCK_N"] * words * word / (32 * num_warps)
 
 
 def _cubin_facts(cubin: bytes, bytes_per_step: float | None) -> tuple[int | None, int | None, float | None]:

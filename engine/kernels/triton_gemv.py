@@ -2,17 +2,24 @@
 experts over a route table, and a fused gate/up + SwiGLU.
 
 Layout for bandwidth: weights are row-major with the reduction axis K contiguous and are read as 32-bit
-words, four consecutive words per thread (16-byte loads). Each program owns ``BLOCK_N`` output rows of one
-batch row (or one route assignment) and a range of K; it keeps a 2-D FP32 accumulator (one partial per
-row and word column) and reduces it across threads once, at the end. Split-K spreads short matrices over
-more programs; its partial sums are added in a fixed order afterwards (deterministic). Batch rows are the
+words, four consecutive words per thread (16-byte loads, ``evict_first``: each is read once). Each program
+owns ``BLOCK_N`` output rows of one batch row (or one route assignment) and a range of K tiles; the next
+tile's words are loaded before the current one is decoded (a register double buffer). Batch rows are the
 fastest grid axis, so programs sharing a weight tile run together and re-reads come from L2.
 
 Decoding costs about three instructions per INT4 value, not a conversion: with the word XOR-ed by
 0x88888888 every nibble holds ``code + 8``; OR-ing nibble p (bits 4p..4p+3) into the exponent of 2^23 gives
-the float ``2^23 + (code + 8) * 16^p`` exactly, one subtraction leaves ``code * 16^p``, and the ``16^-p``
-is folded into the activation (a power of two, so exact). Group scales multiply once per word. Compiled
-for sm_90 the INT4 main loop is about 10.6 instructions per weight byte (``python -m engine.kernels.aot``).
+the float ``2^23 + (code + 8) * 16^p`` exactly, one subtraction leaves ``code * 16^p``. x is permuted once
+per GEMV (``_permute_kernel``) to FP32 code-position-major with the ``16^-p`` folded in (a power of two,
+so exact): the loop reads it as 128-bit vectors in the words' own order. Products are summed per scale
+group and each group sum multiplied once by its scale (``[BLOCK_N, groups]`` scales per tile, loaded once,
+in the sums' register layout). Compiled for sm_90 the INT4 loop has no barrier and no spill and takes
+about 8.5 instructions per weight byte on Triton 3.6 and 3.9 (``kimi-engine kernels --compile sm_90``).
+
+Split-K spreads short matrices over more programs, with a split that divides the K tiles (no idle or
+short part). Each part stores an FP32 partial; the last part to arrive at its output block (an atomic
+counter, re-armed by that part) adds the partials in a fixed order and writes the output dtype: one
+kernel, deterministic.
 
 Every public function launches through a torch custom op (``torch.ops.kimi.*``, registered with a fake
 that only declares the in-place write of ``out``), so ``torch.compile`` keeps the kernels in its graph as
@@ -35,7 +42,7 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from engine.kernels.signatures import GemvShape, gemv_shape, grouped_shape, output
-from engine.kernels.workspace import scratch
+from engine.kernels.workspace import counters, scratch
 
 FMT_INT4, FMT_INT8, FMT_DENSE = 0, 1, 2
 _FORMATS = {"int4": FMT_INT4, "int8": FMT_INT8, "dense": FMT_DENSE}
@@ -47,121 +54,169 @@ _MAGIC = 0x4B000000
 
 
 @triton.jit
-def _int4_tile(
-    w_ptr,
-    s_ptr,
-    x_ptr,
-    rn,
-    mask_n,
-    t,
-    KW,
-    stride_wn,
-    stride_sn,
-    magic,
-    GROUP: tl.constexpr,
-    WORDS: tl.constexpr,
-):
-    """FP32 partials ``[BLOCK_N, WORDS]`` of K-tile ``t`` (``KW`` words per row); word w holds inputs
-    8w..8w+7, nibble i being input 8w+i."""
-    rw = t * WORDS + tl.arange(0, WORDS)
-    mask_w = rw < KW
-    mask = mask_n[:, None] & mask_w[None, :]
-    words = tl.load(w_ptr + rn[:, None] * stride_wn + rw[None, :], mask=mask, other=0)
-    biased = words.to(tl.uint32, bitcast=True) ^ 0x88888888  # every nibble: code + 8
-    shifted = biased >> 12  # nibbles 5..7 move to positions 2..4
-    part = tl.zeros(words.shape, dtype=tl.float32)
-    for i in tl.static_range(5):
-        v = ((biased & (0xF << (4 * i))) | magic).to(tl.float32, bitcast=True) - (8388608.0 + 8.0 * 16**i)
-        xi = tl.load(x_ptr + rw * 8 + i, mask=mask_w, other=0.0).to(tl.float32) * (1.0 / 16**i)
-        part += v * xi[None, :]
-    for j in tl.static_range(2, 5):
-        v = ((shifted & (0xF << (4 * j))) | magic).to(tl.float32, bitcast=True) - (8388608.0 + 8.0 * 16**j)
-        xi = tl.load(x_ptr + rw * 8 + 3 + j, mask=mask_w, other=0.0).to(tl.float32) * (1.0 / 16**j)
-        part += v * xi[None, :]
-    scale = tl.load(s_ptr + rn[:, None] * stride_sn + (rw * 8 // GROUP)[None, :], mask=mask, other=0.0)
-    return part * scale.to(tl.float32)
-
-
-@triton.jit
-def _int8_tile(
-    w_ptr,
-    s_ptr,
-    x_ptr,
-    rn,
-    mask_n,
-    t,
-    KW,
-    stride_wn,
-    stride_sn,
-    magic,
-    GROUP: tl.constexpr,
-    WORDS: tl.constexpr,
-):
-    """As :func:`_int4_tile` for INT8: word w holds inputs 4w..4w+3, byte i = input 4w+i."""
-    rw = t * WORDS + tl.arange(0, WORDS)
-    mask_w = rw < KW
-    mask = mask_n[:, None] & mask_w[None, :]
-    words = tl.load(w_ptr + rn[:, None] * stride_wn + rw[None, :], mask=mask, other=0)
-    biased = words.to(tl.uint32, bitcast=True) ^ 0x80808080  # every byte: code + 128
-    shifted = biased >> 16
-    part = tl.zeros(words.shape, dtype=tl.float32)
-    for i in tl.static_range(2):
-        for half in tl.static_range(2):
-            src = biased if half == 0 else shifted
-            v = ((src & (0xFF << (8 * i))) | magic).to(tl.float32, bitcast=True) - (
-                8388608.0 + 128.0 * 256**i
-            )
-            xi = tl.load(x_ptr + rw * 4 + 2 * half + i, mask=mask_w, other=0.0).to(tl.float32) * (
-                1.0 / 256**i
-            )
-            part += v * xi[None, :]
-    scale = tl.load(s_ptr + rn[:, None] * stride_sn + (rw * 4 // GROUP)[None, :], mask=mask, other=0.0)
-    return part * scale.to(tl.float32)
-
-
-@triton.jit
-def _dense_tile(w_ptr, x_ptr, rn, mask_n, t, KW, stride_wn, WORDS: tl.constexpr):
-    rk = t * WORDS + tl.arange(0, WORDS)
-    mask_k = rk < KW
-    w = tl.load(
-        w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0
+def _load_words(w_ptr, rn, mask_n, t, end, stride_wn, GPT: tl.constexpr, WPT: tl.constexpr):
+    """Weight words of K-tile ``t`` as ``[BLOCK_N, GPT, WPT]``: GPT scale groups (or parts of one) of WPT
+    words, words from ``end`` on masked (the end of K or of this split's part: a prefetch past the last
+    tile loads nothing). Loaded as a 2-D tile and reshaped, so every Triton lays it out K-fastest with
+    16-byte loads (Triton 3.6 spread a 3-D load's threads over rows instead: uncoalesced, x unshared).
+    Streamed once, so ``evict_first`` keeps x and the scales in cache."""
+    col = t * (GPT * WPT) + tl.arange(0, GPT * WPT)
+    mask = mask_n[:, None] & (col < end)[None, :]
+    words = tl.load(
+        w_ptr + rn[:, None] * stride_wn + col[None, :], mask=mask, other=0, eviction_policy="evict_first"
     )
-    x = tl.load(x_ptr + rk, mask=mask_k, other=0.0)
-    return w.to(tl.float32) * x.to(tl.float32)[None, :]
+    return tl.reshape(words, [rn.shape[0], GPT, WPT])
 
 
 @triton.jit
-def _tile(
-    w_ptr,
-    s_ptr,
-    x_ptr,
-    rn,
-    mask_n,
-    t,
-    KW,
-    stride_wn,
-    stride_sn,
-    magic,
-    FMT: tl.constexpr,
-    GROUP: tl.constexpr,
-    WORDS: tl.constexpr,
-):
+def _group_sums(words, xp_ptr, t, KW, magic, FMT: tl.constexpr, GPT: tl.constexpr, WPT: tl.constexpr):
+    """Unscaled FP32 dot products ``[BLOCK_N, GPT]`` of K-tile ``t``, one per (row, scale group part).
+
+    ``xp`` is x nibble-major (see :func:`_permute_kernel`): row p holds the inputs of code position p of
+    every word, already multiplied by the power of two the position's decode leaves in the value."""
+    col = t * (GPT * WPT) + tl.arange(0, GPT)[:, None] * WPT + tl.arange(0, WPT)[None, :]
+    mask_w = col < KW
+    part = tl.zeros(words.shape, dtype=tl.float32)
     if FMT == 0:
-        part = _int4_tile(w_ptr, s_ptr, x_ptr, rn, mask_n, t, KW, stride_wn, stride_sn, magic, GROUP, WORDS)
-    elif FMT == 1:
-        part = _int8_tile(w_ptr, s_ptr, x_ptr, rn, mask_n, t, KW, stride_wn, stride_sn, magic, GROUP, WORDS)
+        biased = words.to(tl.uint32, bitcast=True) ^ 0x88888888  # every nibble: code + 8
+        shifted = biased >> 12  # nibbles 5..7 move to positions 2..4 (below the mantissa's top)
+        for p in tl.static_range(5):
+            v = ((biased & (0xF << (4 * p))) | magic).to(tl.float32, bitcast=True) - (8388608.0 + 8.0 * 16**p)
+            part += v * tl.load(xp_ptr + p * KW + col, mask=mask_w, other=0.0)[None, :, :]
+        for p in tl.static_range(2, 5):
+            v = ((shifted & (0xF << (4 * p))) | magic).to(tl.float32, bitcast=True) - (
+                8388608.0 + 8.0 * 16**p
+            )
+            part += v * tl.load(xp_ptr + (p + 3) * KW + col, mask=mask_w, other=0.0)[None, :, :]
     else:
-        part = _dense_tile(w_ptr, x_ptr, rn, mask_n, t, KW, stride_wn, WORDS)
-    return part
+        biased = words.to(tl.uint32, bitcast=True) ^ 0x80808080  # every byte: code + 128
+        shifted = biased >> 16  # bytes 2, 3 move to positions 0, 1
+        for half in tl.static_range(2):
+            for p in tl.static_range(2):
+                src = biased if half == 0 else shifted
+                v = ((src & (0xFF << (8 * p))) | magic).to(tl.float32, bitcast=True) - (
+                    8388608.0 + 128.0 * 256**p
+                )
+                part += v * tl.load(xp_ptr + (2 * half + p) * KW + col, mask=mask_w, other=0.0)[None, :, :]
+    return tl.sum(part, axis=2)
 
 
 @triton.jit
+def _scales(s_ptr, rn, mask_n, t, KW, stride_sn, scale_step, PER_WORD: tl.constexpr, GROUP: tl.constexpr,
+            GPT: tl.constexpr, WPT: tl.constexpr):  # fmt: skip
+    """The ``[BLOCK_N, GPT]`` scales of K-tile ``t``: one per group part, no redundant loads.
+
+    When each part is a whole group the columns are ``t * scale_step + g`` with ``scale_step`` (= GPT) a
+    runtime argument: Triton then sees columns contiguous but not 16-byte aligned and lays the load out
+    like the per-group sums (threads along K first, one scale each), so no layout conversion, and no
+    shared-memory round trip with barriers, is needed in the loop (Triton 3.6 converted otherwise)."""
+    g = tl.arange(0, GPT)
+    first = t * (GPT * WPT) + g * WPT  # first word of each part
+    mask = mask_n[:, None] & (first < KW)[None, :]
+    if WPT * PER_WORD == GROUP:
+        col = t * scale_step + g
+    else:
+        col = first * PER_WORD // GROUP
+    s = tl.load(s_ptr + rn[:, None] * stride_sn + col[None, :], mask=mask, other=0.0)
+    return s.to(tl.float32)
+
+
+@triton.jit
+def _permute_kernel(x_ptr, xp_ptr, KW, stride_xr, PER_WORD: tl.constexpr, BLOCK_W: tl.constexpr):
+    """x ``[rows, K]`` (any float dtype) -> FP32 code-position-major ``xp[rows, PER_WORD, K / PER_WORD]``:
+    ``xp[r, p, w] = x[r, PER_WORD * w + p] * 2^-e(p)``, where ``2^e(p)`` is the power of two the decode of
+    position p leaves in its value (a power of two, so exact). The GEMV loop then reads x as 128-bit
+    vectors in the weight words' own order instead of 16-bit loads strided by a word."""
+    row = tl.program_id(0).to(tl.int64)
+    rw = tl.program_id(1) * BLOCK_W + tl.arange(0, BLOCK_W)
+    p = tl.arange(0, PER_WORD)
+    mask = (rw < KW)[None, :]
+    x = tl.load(x_ptr + row * stride_xr + rw[None, :] * PER_WORD + p[:, None], mask=mask, other=0.0)
+    if PER_WORD == 8:
+        exponent = 4 * tl.where(p < 5, p, p - 3)  # nibbles 5..7 are decoded from the word shifted by 12
+    else:
+        exponent = 8 * (p % 2)  # bytes 2, 3 are decoded from the word shifted by 16
+    factor = ((127 - exponent) << 23).to(tl.float32, bitcast=True)  # 2^-exponent, exactly
+    out = xp_ptr + row * (PER_WORD * KW) + p[:, None] * KW + rw[None, :]
+    tl.store(out, x.to(tl.float32) * factor[:, None], mask=mask)
+
+
+@triton.jit
+def _quantised_dot(xp_ptr, w_ptr, s_ptr, rn, mask_n, first, tiles, KW, stride_wn, stride_sn, magic,
+                   FMT: tl.constexpr, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, GPT: tl.constexpr,
+                   WPT: tl.constexpr):  # fmt: skip
+    """``[BLOCK_N, GPT]`` FP32 partial dot products of K-tiles ``first .. first + tiles - 1``. Per tile:
+    sums per scale group, then one multiply by the tile's ``[BLOCK_N, GPT]`` scales; the next tile's
+    words are loaded before this tile is decoded (a register double buffer: no shared memory, no
+    barrier in the loop)."""
+    acc = tl.zeros([BLOCK_N, GPT], dtype=tl.float32)
+    end = tl.minimum(KW, (first + tiles) * (GPT * WPT))
+    words = _load_words(w_ptr, rn, mask_n, first, end, stride_wn, GPT, WPT)
+    for i in range(0, tiles):
+        t = first + i
+        following = _load_words(w_ptr, rn, mask_n, t + 1, end, stride_wn, GPT, WPT)
+        sums = _group_sums(words, xp_ptr, t, KW, magic, FMT, GPT, WPT)
+        acc += sums * _scales(s_ptr, rn, mask_n, t, KW, stride_sn, GPT, 8 // (FMT + 1), GROUP, GPT, WPT)
+        words = following
+    return acc
+
+
+@triton.jit
+def _dense_dot(
+    x_ptr, w_ptr, rn, mask_n, first, tiles, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """``[BLOCK_N, BLOCK_K]`` FP32 partials of 16-bit weight rows, next tile prefetched as above."""
+    rk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    offsets = rn[:, None] * stride_wn + rk[None, :]
+    end = tl.minimum(K, (first + tiles) * BLOCK_K)
+    mask = mask_n[:, None] & (first * BLOCK_K + rk < end)[None, :]
+    w = tl.load(w_ptr + first * BLOCK_K + offsets, mask=mask, other=0.0, eviction_policy="evict_first")
+    for i in range(0, tiles):
+        k0 = (first + i) * BLOCK_K
+        live = mask_n[:, None] & (k0 + BLOCK_K + rk < end)[None, :]
+        following = tl.load(
+            w_ptr + k0 + BLOCK_K + offsets, mask=live, other=0.0, eviction_policy="evict_first"
+        )
+        # x as a full [BLOCK_N, BLOCK_K] tile (row stride 0): it gets the weights' register layout, so the
+        # broadcast needs no shared-memory layout conversion (2 barriers per iteration otherwise).
+        x = tl.load(x_ptr + k0 + rk[None, :] + 0 * rn[:, None], mask=(k0 + rk < K)[None, :], other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)
+        w = following
+    return acc
+
+
+@triton.jit
+def _finish_rows(y, out_ptr, part_ptr, count_ptr, row, pid_n, pid_k, rn, mask_n, N, ROWS,
+                 SPLIT_K: tl.constexpr):  # fmt: skip
+    """Store ``y`` (FP32 ``[BLOCK_N]``) as output row ``row``. With split-K every part stores its FP32
+    partial; the part that arrives last at the (row, N block) counter adds all parts in a fixed order
+    (deterministic), writes the output dtype and re-arms the counter: no extra kernel."""
+    if SPLIT_K == 1:
+        tl.store(out_ptr + row * N + rn, y.to(out_ptr.dtype.element_ty), mask=mask_n)
+    else:
+        tl.store(part_ptr + (pid_k * ROWS + row) * N + rn, y, mask=mask_n)
+        tl.debug_barrier()  # every thread's partial is stored before the counter is released
+        counter = count_ptr + row * tl.num_programs(1) + pid_n
+        if tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu") == SPLIT_K - 1:
+            total = tl.zeros(y.shape, dtype=tl.float32)
+            for s in tl.static_range(SPLIT_K):
+                offsets = (s * ROWS + row) * N + rn
+                total += tl.load(part_ptr + offsets, mask=mask_n, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + row * N + rn, total.to(out_ptr.dtype.element_ty), mask=mask_n)
+            tl.store(counter, 0)
+
+
+# The scale row stride is not specialised (see _scales).
+@triton.jit(do_not_specialize=["stride_sn"])
 def _gemv_kernel(
     x_ptr,
     w_ptr,
     s_ptr,
     ids_ptr,
     out_ptr,
+    part_ptr,
+    count_ptr,
     N,
     KW,
     SLOTS,
@@ -171,17 +226,19 @@ def _gemv_kernel(
     stride_se,
     stride_wn,
     stride_sn,
-    stride_split,
     tiles_per_split,
     magic,
     FMT: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    WORDS: tl.constexpr,
+    GPT: tl.constexpr,
+    WPT: tl.constexpr,
     ROUTED: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     """Grid (rows, N blocks, split-K parts). A row is a batch row, or with ROUTED a (batch, slot) assignment
-    whose expert is read from ``ids_ptr``. Writes ``out[split, row, n]`` (FP32 partials, or the result)."""
+    whose expert is read from ``ids_ptr``. x is the permuted FP32 ``xp`` for INT4/INT8 (``KW`` words per
+    row) and the activations themselves for 16-bit weights (``KW`` = K); a K-tile is ``GPT * WPT`` words."""
     row = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -194,17 +251,39 @@ def _gemv_kernel(
         x_ptr += row.to(tl.int64) * stride_xb
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rn < N
-    acc = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
-    for i in range(0, tiles_per_split):
-        t = pid_k * tiles_per_split + i
-        acc += _tile(w_ptr, s_ptr, x_ptr, rn, mask_n, t, KW, stride_wn, stride_sn, magic, FMT, GROUP, WORDS)
+    first = pid_k * tiles_per_split
+    tiles = tl.minimum(tiles_per_split, tl.cdiv(KW, GPT * WPT) - first)
+    if FMT == 2:
+        acc = _dense_dot(x_ptr, w_ptr, rn, mask_n, first, tiles, KW, stride_wn, BLOCK_N, GPT * WPT)
+    else:
+        acc = _quantised_dot(
+            x_ptr,
+            w_ptr,
+            s_ptr,
+            rn,
+            mask_n,
+            first,
+            tiles,
+            KW,
+            stride_wn,
+            stride_sn,
+            magic,
+            FMT,
+            GROUP,
+            BLOCK_N,
+            GPT,
+            WPT,
+        )
     y = tl.sum(acc, axis=1)
-    tl.store(out_ptr + pid_k * stride_split + row * N + rn, y.to(out_ptr.dtype.element_ty), mask=mask_n)
+    _finish_rows(
+        y, out_ptr, part_ptr, count_ptr, row, pid_n, pid_k, rn, mask_n, N, tl.num_programs(0), SPLIT_K
+    )
 
 
-@triton.jit
+# The scale row stride is not specialised (see _scales).
+@triton.jit(do_not_specialize=["stride_sn"])
 def _grouped_swiglu_kernel(
-    x_ptr,
+    xp_ptr,
     wg_ptr,
     sg_ptr,
     wu_ptr,
@@ -223,46 +302,34 @@ def _grouped_swiglu_kernel(
     magic,
     GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    WORDS: tl.constexpr,
+    GPT: tl.constexpr,
+    WPT: tl.constexpr,
 ):
     """Grid (B*S assignments, N blocks): gate and up rows of one expert, then ``silu(gate) * up``."""
     row = tl.program_id(0)
     pid_n = tl.program_id(1)
     expert = tl.load(ids_ptr + row).to(tl.int64)
-    x_ptr += (row // SLOTS).to(tl.int64) * stride_xb
+    xp_ptr += (row // SLOTS).to(tl.int64) * stride_xb
+    wg_ptr += expert * stride_we
+    wu_ptr += expert * stride_we
+    sg_ptr += expert * stride_se
+    su_ptr += expert * stride_se
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rn < N
-    gate = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
-    up = tl.zeros([BLOCK_N, WORDS], dtype=tl.float32)
+    gate = tl.zeros([BLOCK_N, GPT], dtype=tl.float32)
+    up = tl.zeros([BLOCK_N, GPT], dtype=tl.float32)
+    gate_words = _load_words(wg_ptr, rn, mask_n, 0, KW, stride_wn, GPT, WPT)
+    up_words = _load_words(wu_ptr, rn, mask_n, 0, KW, stride_wn, GPT, WPT)
     for t in range(0, num_tiles):
-        gate += _int4_tile(
-            wg_ptr + expert * stride_we,
-            sg_ptr + expert * stride_se,
-            x_ptr,
-            rn,
-            mask_n,
-            t,
-            KW,
-            stride_wn,
-            stride_sn,
-            magic,
-            GROUP,
-            WORDS,
+        next_gate = _load_words(wg_ptr, rn, mask_n, t + 1, KW, stride_wn, GPT, WPT)
+        next_up = _load_words(wu_ptr, rn, mask_n, t + 1, KW, stride_wn, GPT, WPT)
+        gate += _group_sums(gate_words, xp_ptr, t, KW, magic, 0, GPT, WPT) * _scales(
+            sg_ptr, rn, mask_n, t, KW, stride_sn, GPT, 8, GROUP, GPT, WPT
         )
-        up += _int4_tile(
-            wu_ptr + expert * stride_we,
-            su_ptr + expert * stride_se,
-            x_ptr,
-            rn,
-            mask_n,
-            t,
-            KW,
-            stride_wn,
-            stride_sn,
-            magic,
-            GROUP,
-            WORDS,
+        up += _group_sums(up_words, xp_ptr, t, KW, magic, 0, GPT, WPT) * _scales(
+            su_ptr, rn, mask_n, t, KW, stride_sn, GPT, 8, GROUP, GPT, WPT
         )
+        gate_words, up_words = next_gate, next_up
     g = tl.sum(gate, axis=1)
     hidden = g * tl.sigmoid(g) * tl.sum(up, axis=1)
     tl.store(out_ptr + row * N + rn, hidden.to(out_ptr.dtype.element_ty), mask=mask_n)
@@ -298,8 +365,9 @@ def launch_config(
 ) -> LaunchConfig:
     """A launch configuration from the shape alone (no autotuning, so runs are reproducible).
 
-    ``rows`` is the number of batch rows or route assignments. Split-K doubles until the grid has about
-    four waves of programs per SM or each part would get fewer than two K tiles.
+    ``rows`` is the number of batch rows or route assignments. Split-K takes the smallest split (at most
+    16) that divides the K tiles into parts of two or more and fills about four waves of programs per SM,
+    or the largest such split when none does: every part gets the same number of tiles, none is idle.
     """
     tile_n, block_k = _TILES[fmt]
     tile_n = block_n or tile_n
@@ -307,8 +375,10 @@ def launch_config(
     programs = triton.cdiv(n, tile_n) * rows
     target = 4 * _sm_count(torch.device(device))
     split_k = 1
-    while split and programs * split_k < target and tiles // (2 * split_k) >= 2 and split_k < 16:
-        split_k *= 2
+    if split and programs < target:
+        even = [s for s in range(2, 17) if tiles % s == 0 and tiles // s >= 2]
+        enough = [s for s in even if programs * s >= target]
+        split_k = min(enough) if enough else max(even, default=1)
     return LaunchConfig(tile_n, block_k, split_k)
 
 
@@ -323,54 +393,81 @@ def _words(fmt: str, data: torch.Tensor) -> torch.Tensor:
     return data.view(torch.int32)
 
 
+def _tile_shape(fmt: str, group: int | None, words: int) -> tuple[int, int]:
+    """``(GPT, WPT)``: a K-tile of ``words`` words as GPT parts of WPT words, each part inside one scale
+    group. WPT is at most 4 words (one 16-byte load per thread): then the per-part sums stay inside a
+    thread and the ``[BLOCK_N, GPT]`` scales load in the sums' own register layout (wider parts made
+    Triton convert layouts through shared memory, with barriers in the loop). Larger groups load a
+    scale once per part."""
+    if fmt == "dense":
+        return 1, words
+    group_words = group // _VALUES_PER_WORD[fmt]
+    part = min(group_words & -group_words, 4)
+    return words // part, part
+
+
+def permuted(fmt: str, x: torch.Tensor) -> torch.Tensor:
+    """x ``[rows, K]`` as the FP32 position-major ``[rows, P, K / P]`` the INT4 (P = 8) and INT8 (P = 4)
+    GEMV loops read (see ``_permute_kernel``); one small launch per GEMV."""
+    per_word = _VALUES_PER_WORD[fmt]
+    rows, k = x.shape
+    xp = scratch((rows, per_word, k // per_word), x.device)
+    grid = (rows, triton.cdiv(k // per_word, _PERMUTE_WORDS))
+    _permute_kernel[grid](x, xp, k // per_word, x.stride(0), PER_WORD=per_word, BLOCK_W=_PERMUTE_WORDS)
+    return xp
+
+
+_PERMUTE_WORDS = 128
+
+
 def _launch(
-    fmt, x, data, scales, ids, target, rows, slots, n, k, stride_xb, stride_xs, group, cfg: LaunchConfig
+    fmt, x, data, scales, ids, out, rows, slots, n, k, stride_xb, stride_xs, group, cfg: LaunchConfig
 ):
+    """One GEMV launch; ``x`` is already permuted for INT4/INT8 (strides in its FP32 elements)."""
     words = _words(fmt, data)
     per_word = _VALUES_PER_WORD[fmt]
     if cfg.block_k % per_word or cfg.block_k // per_word < 16:
         raise ValueError(f"block_k {cfg.block_k} must hold at least 16 words of {per_word} values")
+    gpt, wpt = _tile_shape(fmt, group, cfg.block_k // per_word)
     tiles_per_split = triton.cdiv(triton.cdiv(k, cfg.block_k), cfg.split_k)
     grid = (rows, triton.cdiv(n, cfg.block_n), cfg.split_k)
+    parts, counts = out, out
+    if cfg.split_k > 1:
+        parts = scratch((cfg.split_k, rows, n), x.device)
+        counts = counters(rows * grid[1], x.device)
     _gemv_kernel[grid](
-        x, words, words if scales is None else scales, words if ids is None else ids, target, n, k // per_word, slots,
-        stride_xb, stride_xs,
+        x, words, words if scales is None else scales, words if ids is None else ids, out, parts, counts,
+        n, k // per_word, slots, stride_xb, stride_xs,
         words.stride(0) if ids is not None else 0,
         scales.stride(0) if ids is not None else 0,
         words.stride(-2), 0 if scales is None else scales.stride(-2),
-        rows * n, tiles_per_split, _MAGIC,
-        FMT=_FORMATS[fmt], GROUP=group or 1, BLOCK_N=cfg.block_n, WORDS=cfg.block_k // per_word,
-        ROUTED=ids is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        tiles_per_split, _MAGIC,
+        FMT=_FORMATS[fmt], GROUP=group or 1, BLOCK_N=cfg.block_n, GPT=gpt, WPT=wpt,
+        ROUTED=ids is not None, SPLIT_K=cfg.split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-
-
-def _finish(target: torch.Tensor, out: torch.Tensor, split_k: int) -> torch.Tensor:
-    if split_k > 1:
-        # Fixed-order reduction of the split-K partials: deterministic, unlike atomics.
-        out.copy_(target.sum(dim=0).view(out.shape))
-    return out
 
 
 def _gemv_into(fmt, x, data, scales, group, out, config: LaunchConfig | None) -> None:
     shape = GemvShape(x.shape[0], data.shape[0], x.shape[1])
     cfg = config or launch_config(fmt, shape.batch, shape.n, shape.k, x.device)
-    target = out if cfg.split_k == 1 else scratch((cfg.split_k, shape.batch, shape.n), x.device)
-    _launch(fmt, x, data, scales, None, target, shape.batch, 1, shape.n, shape.k, x.stride(0), 0, group, cfg)
-    _finish(target, out, cfg.split_k)
+    if fmt == "dense":
+        _launch(fmt, x, data, None, None, out, shape.batch, 1, shape.n, shape.k, x.stride(0), 0, None, cfg)
+        return
+    xp = permuted(fmt, x)
+    _launch(fmt, xp, data, scales, None, out, shape.batch, 1, shape.n, shape.k, xp.stride(0), 0, group, cfg)
 
 
 def _grouped_gemv_into(x, codes, scales, route_ids, group_size, out, config: LaunchConfig | None) -> None:
     shape = grouped_shape(x, codes, scales, route_ids, group_size)
     rows = shape.batch * shape.slots
     cfg = config or launch_config("int4", rows, shape.n, shape.k, x.device)
-    target = out if cfg.split_k == 1 else scratch((cfg.split_k, rows, shape.n), x.device)
-    stride_xs = shape.k if shape.per_slot_input else 0
-    stride_xb = shape.slots * shape.k if shape.per_slot_input else shape.k
+    xp = permuted("int4", x.reshape(-1, shape.k))  # [B or B*S, 8, K/8]
+    row = xp.stride(0)
+    stride_xs, stride_xb = (row, shape.slots * row) if shape.per_slot_input else (0, row)
     _launch(
-        "int4", x, codes, scales, route_ids, target, rows, shape.slots, shape.n, shape.k, stride_xb, stride_xs,
+        "int4", xp, codes, scales, route_ids, out, rows, shape.slots, shape.n, shape.k, stride_xb, stride_xs,
         group_size, cfg,
     )  # fmt: skip
-    _finish(target, out, cfg.split_k)
 
 
 def _grouped_swiglu_into(
@@ -381,12 +478,14 @@ def _grouped_swiglu_into(
     # Two accumulators: half the rows per program of the plain GEMV; no split-K (SiLU needs whole sums).
     cfg = config or launch_config("int4", rows, shape.n, shape.k, x.device, split=False, block_n=32)
     gate_words, up_words = _words("int4", gate_codes), _words("int4", up_codes)
+    gpt, wpt = _tile_shape("int4", group_size, cfg.block_k // 8)
+    xp = permuted("int4", x)
     grid = (rows, triton.cdiv(shape.n, cfg.block_n))
     _grouped_swiglu_kernel[grid](
-        x, gate_words, gate_scales, up_words, up_scales, route_ids, out, shape.n, shape.k // 8, shape.slots, shape.k,
-        gate_words.stride(0), gate_scales.stride(0), gate_words.stride(1), gate_scales.stride(1),
+        xp, gate_words, gate_scales, up_words, up_scales, route_ids, out, shape.n, shape.k // 8, shape.slots,
+        xp.stride(0), gate_words.stride(0), gate_scales.stride(0), gate_words.stride(1), gate_scales.stride(1),
         triton.cdiv(shape.k, cfg.block_k), _MAGIC,
-        GROUP=group_size, BLOCK_N=cfg.block_n, WORDS=cfg.block_k // 8,
+        GROUP=group_size, BLOCK_N=cfg.block_n, GPT=gpt, WPT=wpt,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
 

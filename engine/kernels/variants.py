@@ -8,7 +8,10 @@ import torch.nn.functional as F
 from engine.kernels import registry, triton_combine, triton_gemv
 from engine.kernels.signatures import grouped_shape, output
 
-_GEMV = "one-row FP32 accumulator per batch row, K-contiguous tiles, split-K, per-group scales"
+_GEMV = (
+    "x permuted FP32 position-major, K-contiguous 16-byte weight loads with the next tile prefetched, "
+    "per-group sums times the group scales, split-K reduced in the kernel"
+)
 
 registry.register("w4a16_gemv", "triton", backend="triton", description=_GEMV)(triton_gemv.w4a16_gemv)
 registry.register("w8a16_gemv", "triton", backend="triton", description=_GEMV)(triton_gemv.w8a16_gemv)

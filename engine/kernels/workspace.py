@@ -26,3 +26,18 @@ def poisoned_scratch() -> Iterator[None]:
         yield
     finally:
         _poison = previous
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_MIN_COUNTERS = 1 << 16  # every split-K GEMV of the full model at batch 8 fits: no growth during a decode
+
+
+def counters(count: int, device: torch.device) -> torch.Tensor:
+    """``count`` zeroed int32 arrival counters for split-K GEMVs on ``device``, kept for the process: each
+    kernel returns the counters it used to zero, so one buffer serves every launch on the stream (the
+    engine launches on one stream; two concurrent streams would need one buffer each)."""
+    device = torch.device(device)
+    held = _COUNTERS.get(device)
+    if held is None or held.numel() < count:
+        held = _COUNTERS[device] = torch.zeros(max(count, _MIN_COUNTERS), dtype=torch.int32, device=device)
+    return held[:count]

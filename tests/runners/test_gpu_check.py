@@ -39,7 +39,7 @@ def test_dry_run_without_k3_dependencies_leaves_two_transfer_safe_files(tmp_path
     files = sorted(p.relative_to(out) for p in out.rglob("*"))
     assert [str(f) for f in files] == ["gpu-check-receipts.tar", "gpu-check-summary.txt"]
     summary = (out / "gpu-check-summary.txt").read_text()
-    for step in ("copy", "kernels", "decode", "prefill"):
+    for step in ("copy", "kernels", "decode", "prefill", "count"):
         assert f"{step}: passed" in summary
     with tarfile.open(out / "gpu-check-receipts.tar") as tar:
         names = tar.getnames()
@@ -47,7 +47,7 @@ def test_dry_run_without_k3_dependencies_leaves_two_transfer_safe_files(tmp_path
     assert "log.txt" in names
     receipts = [load_receipt(p) for p in (tmp_path / "back" / "results").rglob("*.json")]
     suites = {r["suite"] for r in receipts}
-    assert suites == {"kernels", "decode"}
+    assert suites == {"kernels", "decode", "kernel-count"}
     assert all(SAFE_NAME.fullmatch(Path(n).name) for n in names)
     # One denominator: every kernel receipt quotes the copy receipt's bandwidth.
     (copy,) = [r for r in receipts if r["name"].startswith("device_copy")]
