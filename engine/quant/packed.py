@@ -23,11 +23,8 @@ from torch import nn
 
 from engine.kernels.linear import GEMV_FOR_FORMAT
 from engine.kernels.registry import Selection, Variant
-from engine.model.moe import grouped_expert_ffn, grouped_expert_rows
+from engine.model.moe import DECODE_MAX_ROWS, grouped_expert_ffn, grouped_expert_rows
 from engine.quant.codec import LinearWeight, dequantize
-
-# Up to this many rows (tokens x sequences) go through the GEMV kernels; more take the prefill path.
-DECODE_MAX_ROWS = 16
 
 GROUPED_OPS = ("w4a16_grouped_swiglu", "w4a16_grouped_gemv", "route_combine")
 

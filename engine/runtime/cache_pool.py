@@ -74,14 +74,15 @@ class CachePool:
         growth = self.bytes_for(max(first, final // 2), batch) if final > first else 0
         return self.bytes_for(final, batch) + growth
 
-    def reserve(self, nbytes: int) -> bool:
-        """Reserve bytes for a sequence, dropping idle caches if needed; False when they do not fit now."""
+    def reserve(self, nbytes: int, *, force: bool = False) -> bool:
+        """Reserve bytes for a sequence, dropping idle caches if needed; False when they do not fit now
+        (`force`: reserve them anyway, for growth that cannot wait)."""
         if self.budget_bytes is not None:
-            if nbytes > self.budget_bytes:
+            if nbytes > self.budget_bytes and not force:
                 raise ValueError(f"a sequence needing {nbytes} bytes can never fit the budget")
             while self._idle and self.reserved_bytes + self.idle_bytes + nbytes > self.budget_bytes:
                 self._drop_oldest_idle()
-            if self.reserved_bytes + nbytes > self.budget_bytes:
+            if self.reserved_bytes + nbytes > self.budget_bytes and not force:
                 return False
         self.reserved_bytes += nbytes
         return True

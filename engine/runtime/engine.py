@@ -6,8 +6,10 @@ decode and a prefix state cache. Single-threaded; the scheduler (or a benchmark)
     tokens = engine.decode(seq, 64, SamplingParams(), on_token=lambda i, ids: ...)
     engine.release(seq); engine.memory_report(); engine.close()
 
-The step-wise form (what the scheduler uses to interleave sequences) is `start` → `prefill_step` until
-it returns True → `next_token` per token → `release`.
+The step-wise form is `start` → `prefill_step` until it returns True → `next_token` per token →
+`release`. The scheduler's continuously batched form: `start` → `prefill_step` → `next_token` (the first
+token, from the prefill's logits) → `join` → `decode_batch` (one step for every joined sequence) →
+`keep_reply` (prefix-cache the state after the reply) → `release`.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from engine.model import CheckpointError, ConfigError, KimiLinearForCausalLM, Sa
 from engine.model.dtypes import default_dtype
 from engine.model.mla import MultiheadLatentAttention
 from engine.quant import ArtifactError, kernel_variants, use_kernels
+from engine.runtime.batch import DecodeBatch
 from engine.runtime.cache_pool import CachePool, Lease
 from engine.runtime.compiled import check_step, default_step
 from engine.runtime.kda_kernels import select_kda_kernel, use_kda_kernel
@@ -67,7 +70,7 @@ class Sequence:
 
     prompt_ids: list[list[int]]
     max_new_tokens: int
-    lease: Lease
+    lease: Lease | None  # its own cache; None once it joined the decode batch
     reservation: int
     pending: torch.Tensor  # [B, T] prompt tokens not prefilled yet
     cached_tokens: int = 0  # prompt tokens restored from the prefix cache
@@ -122,6 +125,7 @@ class Engine:
             cuda_graphs=cuda_graphs,
             compiled=step == "compiled",
         )
+        self.batch = DecodeBatch(self.pool)
 
     # ------------------------------------------------------------------ loading
 
@@ -300,10 +304,12 @@ class Engine:
         if seq.prefilled:  # the very same prompt again: its logits were kept too
             seq.logits = snapshot.logits.to(self.device, copy=True)
 
-    def prefill_step(self, seq: Sequence) -> bool:
-        """Prefill the next chunk of the prompt; True once the whole prompt is in the cache."""
+    def prefill_step(self, seq: Sequence, max_tokens: int | None = None) -> bool:
+        """Prefill the next chunk of the prompt (at most `max_tokens`, default and at most the planned
+        chunk); True once the whole prompt is in the cache."""
         if not seq.prefilled:
-            chunk = seq.pending[:, : self.plan.prefill_chunk]
+            size = self.plan.prefill_chunk if max_tokens is None else min(max_tokens, self.plan.prefill_chunk)
+            chunk = seq.pending[:, :size]
             seq.pending = seq.pending[:, chunk.shape[1] :]
             seq.logits = self.model.prefill(chunk, seq.lease.cache)
             self.cap.check()
@@ -331,9 +337,38 @@ class Engine:
         """Each prompt's generated tokens (rebuilt per token: only for a logits processor, which needs them)."""
         return [list(col) for col in zip(*seq.generated, strict=True)] or [[] for _ in seq.prompt_ids]
 
+    def join(self, seq: Sequence, sampler: Sampler) -> bool:
+        """Move a prefilled one-prompt sequence whose first token is sampled (`next_token`) into the decode
+        batch; False when the batch has no memory for it now (try again after a step)."""
+        if seq.batch_size != 1 or not seq.generated:
+            raise ValueError("join one prompt after prefill and its first token")
+        return self.batch.join(seq, sampler)
+
+    def decode_batch(self) -> list[tuple[Sequence, int]]:
+        """One decode step for every joined sequence: (sequence, its next token) each."""
+        if not self.batch.members:
+            return []
+        stepped = self.batch.step()
+        self.cap.check()
+        return [(m.seq, token) for m, token in stepped]
+
+    def keep_reply(self, seq: Sequence) -> None:
+        """Prefix-cache a joined sequence's state after its reply, so a next turn that resends the prompt
+        and the reply prefills only what follows (the last token is not in the cache: nothing fed it)."""
+        member = self.batch.member(seq)
+        if self.prefix_cache is None or member is None or member.logits is None:
+            return
+        ids = seq.prompt_ids[0] + [g[0] for g in seq.generated[:-1]]
+        self.prefix_cache.store(ids, self.batch.lease.cache, member.logits.unsqueeze(0), row=member.row)
+
     def release(self, seq: Sequence) -> None:
-        """Give the sequence's cache back and drop its reservation (at once: used on cancellation too)."""
-        self.pool.give_back(seq.lease)
+        """Give the sequence's cache (or its batch row) back and drop its reservation (at once: used on
+        cancellation too)."""
+        if seq.lease is not None:
+            self.pool.give_back(seq.lease)
+            seq.lease = None
+        if self.batch.member(seq) is not None:
+            self.batch.leave(seq)
         self.pool.unreserve(seq.reservation)
         seq.reservation = 0
 
