@@ -38,6 +38,11 @@ def bucket_for(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
+def buckets_upto(n: int) -> list[int]:
+    """Every bucket a batch of up to `n` sequences may use (the decode step shapes to warm up)."""
+    return [1 << i for i in range(bucket_for(n).bit_length())]
+
+
 @dataclass
 class Member:
     seq: Sequence

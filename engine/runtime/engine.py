@@ -257,10 +257,14 @@ class Engine:
 
     # ------------------------------------------------------------------ step-wise API
 
-    def start(self, prompt_ids: Iterable[Iterable[int]], max_new_tokens: int) -> Sequence:
+    def start(
+        self, prompt_ids: Iterable[Iterable[int]], max_new_tokens: int, *, batched: bool = False
+    ) -> Sequence:
         """Admit prompts of equal length that will generate up to `max_new_tokens` each: reserve memory,
-        take a cache, and restore the longest kept prefix. Raises EngineBusy when memory is held by
-        others (try again later), ValueError for prompts that can never fit."""
+        take a cache, and restore the longest kept prefix. `batched`: the sequence will `join` the decode
+        batch, so its own cache is only prefilled into (no decode runner is built for it). Raises
+        EngineBusy when memory is held by others (try again later), ValueError for prompts that can
+        never fit."""
         prompts = [list(p) for p in prompt_ids]
         length = len(prompts[0]) if prompts else 0
         if not length or any(len(p) != length for p in prompts):
@@ -282,7 +286,7 @@ class Engine:
             raise EngineBusy("no memory for another sequence until one finishes")
         lease = None
         try:
-            lease = self.pool.take(first, batch)
+            lease = self.pool.take(first, batch, decoding=not batched)
             pending = torch.tensor(prompts, dtype=torch.long, device=self.device)
             seq = Sequence(prompts, max_new_tokens, lease, reservation, pending)
             if batch == 1 and self.prefix_cache is not None:

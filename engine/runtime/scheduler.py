@@ -220,7 +220,7 @@ class Scheduler:
         """Admit (or fail) the head of the queue; False when it must wait for memory, keeping its place."""
         request = handle.request
         try:
-            seq = self.engine.start([request.prompt_ids], request.params.max_tokens)
+            seq = self.engine.start([request.prompt_ids], request.params.max_tokens, batched=True)
         except EngineBusy:
             if self._active:
                 return False  # memory frees up when an active sequence ends

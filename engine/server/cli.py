@@ -187,6 +187,7 @@ def serve_command(
 
     from engine.kernels import KernelSelectionError, named_choices
     from engine.runtime import LOAD_ERRORS, Engine, Scheduler
+    from engine.runtime.batch import buckets_upto
     from engine.runtime.compiled import inductor_cache_dir
     from engine.server.app import ServerContext, create_app
     from engine.server.chat_template import SYNTHETIC_CHAT_TEMPLATE, ChatTemplate
@@ -259,10 +260,11 @@ def serve_command(
     _print_start_up(engine, scripted is not None)
     if engine.step == "compiled":
         click.echo(f"compiling the decode step (Inductor cache: {inductor_cache_dir()}) ...")
-        sys.stdout.flush()
-        compile_s = engine.warm_up()
-        if compile_s is not None:
-            click.echo(f"compiled the decode step in {compile_s:.1f} s")
+        for rows in buckets_upto(max_sequences):  # every batch bucket, so none compiles mid-stream
+            sys.stdout.flush()
+            compile_s = engine.warm_up(batch=rows)
+            if compile_s is not None:
+                click.echo(f"compiled the decode step for {rows} sequence(s) in {compile_s:.1f} s")
     shown_host = f"[{host}]" if ":" in host else host
     click.echo(
         f"kimi-engine listening on http://{shown_host}:{sock.getsockname()[1]}  (OpenAI API under /v1)"
