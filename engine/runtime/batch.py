@@ -81,51 +81,62 @@ class DecodeBatch:
     def member(self, seq: Sequence) -> Member | None:
         return next((m for m in self.members if m.seq is seq), None)
 
-    def join(self, seq: Sequence, sampler: Sampler) -> bool:
-        """Move a prefilled sequence (its first token sampled) into the batch and give its own cache back;
-        False when the batch cannot take it now (memory held by others: try again after a step)."""
-        source = seq.lease
-        newcomer = Member(seq, sampler, row=-1, length=source.cache.length)
-        members = [*self.members, newcomer]
-        rows, capacity = bucket_for(len(members)), self.pool.capacity_for(max(m.wanted for m in members))
-        rows, capacity = max(rows, self.rows), max(capacity, self.capacity)
+    def join(self, newcomers: list[tuple[Sequence, Sampler]]) -> int:
+        """Move prefilled sequences (their first tokens sampled) into the batch, in order, and give their
+        own caches back: all in one reshape when they fit, else as many as fit one by one. Returns how
+        many joined (the rest wait for memory that running sequences hold: try again after a step)."""
+        if self._join(newcomers):
+            return len(newcomers)
+        joined = 0
+        while joined < len(newcomers) and self._join(newcomers[joined : joined + 1]):
+            joined += 1
+        return joined
+
+    def _join(self, newcomers: list[tuple[Sequence, Sampler]]) -> bool:
+        fresh = [Member(seq, sampler, row=-1, length=seq.lease.cache.length) for seq, sampler in newcomers]
+        members = [*self.members, *fresh]
+        rows = max(bucket_for(len(members)), self.rows)
+        capacity = max(self.pool.capacity_for(max(m.wanted for m in members)), self.capacity)
         if not self._settle(members, rows, capacity, force=False):
             return False
         if (rows, capacity) != (self.rows, self.capacity):
             self._reshape(rows, capacity)
-        free = set(range(self.rows)) - {m.row for m in self.members}
-        newcomer.row = min(free)
-        move_row(source.cache, None, newcomer.length, self.lease.cache, newcomer.row)
-        self.members.append(newcomer)
-        self.pool.give_back(source)
-        seq.lease = None
+        free = sorted(set(range(self.rows)) - {m.row for m in self.members})
+        for member, row in zip(fresh, free, strict=False):
+            member.row = row
+            move_row(member.seq.lease.cache, None, member.length, self.lease.cache, row)
+            self.members.append(member)
+            self.pool.give_back(member.seq.lease)
+            member.seq.lease = None
         return True
 
     def leave(self, seq: Sequence) -> None:
-        """Drop a sequence's row (its reservation is the engine's to release); shrink or free the cache."""
+        """Drop a sequence's row (its reservation is the engine's to release); free the cache when it was
+        the last (a smaller bucket is taken at the next step, so rows that leave together move once)."""
         self.members = [m for m in self.members if m.seq is not seq]
         if not self.members:
             self.pool.give_back(self.lease)
             self.pool.unreserve(self.excess_bytes)
             self.lease, self.excess_bytes = None, 0
-            return
+        else:
+            self._settle(self.members, self.rows, self.capacity, force=True)
+
+    @torch.no_grad()
+    def step(self) -> list[tuple[Member, int]]:
+        """One decode step for every member: feed its last token, sample its next with its own sampler.
+        First the batch takes the shape its members need: a smaller bucket when half the rows or more
+        are idle (with the capacity they want now), a larger capacity when the longest row is full."""
+        longest = max(m.length for m in self.members)
         rows, capacity = self.rows, self.capacity
         if bucket_for(len(self.members)) < rows:
             rows = bucket_for(len(self.members))
             capacity = self.pool.capacity_for(max(m.wanted for m in self.members))
-        self._settle(self.members, rows, capacity, force=True)
-        if (rows, capacity) != (self.rows, self.capacity):
-            self._reshape(rows, capacity)
-
-    @torch.no_grad()
-    def step(self) -> list[tuple[Member, int]]:
-        """One decode step for every member: feed its last token, sample its next with its own sampler."""
-        longest = max(m.length for m in self.members)
-        if longest + 1 > self.capacity:
-            grown = min(max(m.total for m in self.members), max(2 * self.capacity, longest + 1))
+        if longest + 1 > capacity:
+            grown = min(max(m.total for m in self.members), max(2 * capacity, longest + 1))
             capacity = self.pool.capacity_for(grown)
-            self._settle(self.members, self.rows, capacity, force=True)
-            self._reshape(self.rows, capacity)
+        if (rows, capacity) != (self.rows, self.capacity):
+            self._settle(self.members, rows, capacity, force=True)
+            self._reshape(rows, capacity)
         cache = self.lease.cache
         tokens = [0] * self.rows
         for m in self.members:

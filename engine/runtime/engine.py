@@ -341,12 +341,12 @@ class Engine:
         """Each prompt's generated tokens (rebuilt per token: only for a logits processor, which needs them)."""
         return [list(col) for col in zip(*seq.generated, strict=True)] or [[] for _ in seq.prompt_ids]
 
-    def join(self, seq: Sequence, sampler: Sampler) -> bool:
-        """Move a prefilled one-prompt sequence whose first token is sampled (`next_token`) into the decode
-        batch; False when the batch has no memory for it now (try again after a step)."""
-        if seq.batch_size != 1 or not seq.generated:
+    def join(self, newcomers: list[tuple[Sequence, Sampler]]) -> int:
+        """Move prefilled one-prompt sequences whose first tokens are sampled (`next_token`) into the
+        decode batch, in order; returns how many joined (the rest: no memory now, try after a step)."""
+        if any(seq.batch_size != 1 or not seq.generated for seq, _ in newcomers):
             raise ValueError("join one prompt after prefill and its first token")
-        return self.batch.join(seq, sampler)
+        return self.batch.join(newcomers)
 
     def decode_batch(self) -> list[tuple[Sequence, int]]:
         """One decode step for every joined sequence: (sequence, its next token) each."""

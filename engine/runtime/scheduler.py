@@ -255,8 +255,7 @@ class Scheduler:
         for active in [a for a in self._active if a.handle.cancelled]:
             self._end(active, None)
         prefilled = self._prefill()
-        for active in [a for a in self._active if not a.joined and a.seq.generated]:
-            active.joined = self._guarded(active, lambda a=active: self.engine.join(a.seq, a.sampler)) is True
+        self._join()
         decoding = {id(a.seq): a for a in self._active if a.joined}
         if decoding:
             try:
@@ -285,6 +284,20 @@ class Scheduler:
                 if isinstance(token, int):
                     self._deliver(active, token)
         return self.prefill_budget - budget
+
+    def _join(self) -> None:
+        """Move every prefilled sequence into the decode batch (those that do not fit wait a step)."""
+        ready = [a for a in self._active if not a.joined and a.seq.generated]
+        if not ready:
+            return
+        try:
+            joined = self.engine.join([(a.seq, a.sampler) for a in ready])
+        except Exception as e:
+            for active in ready:
+                self._end(active, _failure(e))
+            return
+        for active in ready[:joined]:
+            active.joined = True
 
     def _guarded(self, active: _Active, work: Callable[[], object]) -> object:
         """Run one sequence's work and return its result; on an error, end the sequence as failed and
