@@ -25,7 +25,7 @@ def assert_same_greedy(model, prompt: list[int], got: list[int], want: list[int]
     """`got` (batched) equals `want` (alone), except from a near tie of the alone run on."""
     for i, (g, w) in enumerate(zip(got, want, strict=False)):
         if g != w:
-            logits = model(torch.tensor([prompt + want[:i]]))[0, -1]
+            logits = model(torch.tensor([prompt + want[:i]], device=model.device))[0, -1]
             margin = (logits[w] - logits[g]).item()
             assert margin < TIE_TOLERANCE, f"token {i}: batched {g}, alone {w}, margin {margin:.2e}"
             return
@@ -230,3 +230,25 @@ def test_the_compiled_step_compiles_once_per_bucket_and_gives_the_eager_tokens(r
         assert_same_greedy(
             engine.model, prompt, out.tokens(label), generate(engine.model, prompt, params).token_ids
         )
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_per_bucket_give_the_tokens_of_eager_decode(rng):
+    """One graph per (bucket, capacity) in the pool's shared graph memory, replayed for every step."""
+    engine = Engine.load(
+        synthetic="tiny", device="cuda", dtype=torch.float32, max_context=4096, prefix_cache_gib=0
+    )
+    s = Scheduler(engine, max_active=8, max_queue=8)
+    s.start()
+    try:
+        prompts = {f"r{i}": random_prompt(rng, n) for i, n in enumerate((5, 33, 300, 64, 17))}
+        params = SamplingParams(max_tokens=32)
+        out = _run(s, {label: Request(p, params) for label, p in prompts.items()})
+        alone = {label: generate(engine.model, p, params).token_ids for label, p in prompts.items()}
+    finally:
+        s.stop()
+        engine.close()
+    assert max(r.decoded for r in s.steps) == len(prompts)
+    assert engine.pool.graphs_captured >= 1 and engine.pool.graphs_for(8)
+    for label, prompt in prompts.items():
+        assert_same_greedy(engine.model, prompt, out.tokens(label), alone[label])
