@@ -178,6 +178,8 @@ class Scheduler:
             return {
                 "queued": len(self._waiting),
                 "active": len(self._active),
+                "decoding": sum(a.joined for a in self._active),  # in the decode batch (others prefill)
+                "batch_rows": self.engine.batch.rows,  # the batch's bucket (idle rows included)
                 "max_active": self.max_active,
                 "max_queue": self.max_queue,
                 "paused": self._paused,

@@ -89,7 +89,8 @@ DEFAULT_GPU_CAP_GIB = 32.0
     type=click.IntRange(min=1),
     default=4,
     show_default=True,
-    help="Sequences in flight at once.",
+    help="Sequences in flight at once; they decode together, one batched step for all (a compiled step is "
+    "warmed up at start for every batch bucket 1, 2, 4, ... up to this).",
 )
 @click.option(
     "--max-queue",

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine.model import SamplingParams, generate
+from engine.model.moe import expert_ffn, expert_union
 from engine.runtime import Engine, Failed, Finished, Request, Scheduler, Started, Token
 from engine.runtime.batch import bucket_for
 from tests.runtime.runtime_support import random_prompt
@@ -49,6 +51,28 @@ def batching(engine):
     s.start()
     yield s
     s.stop()
+
+
+@pytest.mark.parametrize(("rows", "top_k", "experts"), [(2, 2, 8), (4, 2, 8), (5, 3, 8), (16, 8, 64)])
+def test_the_expert_union_gives_each_row_its_own_experts(rng, rows, top_k, experts):
+    """Overlapping choices, a union with padding slots (fewer distinct experts than N * k) and one that
+    spans every expert, against a float64 loop over each row's own experts (tolerance: FP32 sums)."""
+    hidden, inter = 32, 24
+    w1, w3 = (torch.randn(experts, inter, hidden, generator=rng) for _ in range(2))
+    w2 = torch.randn(experts, hidden, inter, generator=rng)
+    x = torch.randn(rows, hidden, generator=rng)
+    ids = torch.stack([torch.randperm(experts, generator=rng)[:top_k] for _ in range(rows)])
+    ids[1] = ids[0]  # two rows with the same experts
+    weights = torch.rand(rows, top_k, generator=rng)
+    union, per_row = expert_union(ids, weights, experts)
+    assert union.shape == (min(rows * top_k, experts),) and per_row.shape == (union.shape[0], rows)
+    got = expert_ffn(x, ids, weights, w1, w3, w2)
+    want = torch.zeros(rows, hidden, dtype=torch.float64)
+    for n in range(rows):
+        for e, w in zip(ids[n].tolist(), weights[n].double(), strict=True):
+            h = F.silu(w1[e].double() @ x[n].double()) * (w3[e].double() @ x[n].double())
+            want[n] += w * (w2[e].double() @ h)
+    torch.testing.assert_close(got.double(), want, atol=1e-3 * want.abs().max().item(), rtol=0)
 
 
 def test_bucket_sizes():
