@@ -154,6 +154,15 @@ def draw_proxy_load(data: dict) -> plt.Figure:
     return fig
 
 
+def _lines_in_order(series: dict[tuple[str, str], dict]) -> list[dict]:
+    """Lines keyed by (label, hardware) in natural label order, each line's points ({x: point}) by x."""
+    lines = []
+    for key in sorted(series, key=lambda k: (natural_key(k[0]), k[1])):
+        line = series[key]
+        lines.append(line | {"points": [line["points"][x] for x in sorted(line["points"])]})
+    return lines
+
+
 def decode_throughput(frame: pd.DataFrame) -> dict | None:
     """Decode tok/s against context length, one line per configuration and hardware, each with its
     roofline; a context measured twice in one configuration keeps its newest receipt (x strictly rises)."""
@@ -172,10 +181,7 @@ def decode_throughput(frame: pd.DataFrame) -> dict | None:
         }
     if not series:
         return None
-    lines = []
-    for key in sorted(series, key=lambda k: (natural_key(k[0]), k[1])):
-        line = series[key]
-        lines.append(line | {"points": [line["points"][c] for c in sorted(line["points"])]})
+    lines = _lines_in_order(series)
     return {"title": "Decode tokens/s by context length (median; dashed: roofline of the same colour)",
             "series": lines}  # fmt: skip
 
@@ -223,10 +229,7 @@ def batching_concurrency(frame: pd.DataFrame) -> dict | None:
         }
     if not series:
         return None
-    lines = []
-    for key in sorted(series, key=lambda k: (natural_key(k[0]), k[1])):
-        line = series[key]
-        lines.append(line | {"points": [line["points"][c] for c in sorted(line["points"])]})
+    lines = _lines_in_order(series)
     return {"title": "Continuous batching: aggregate output tokens/s and latency by concurrency (medians)",
             "series": lines}  # fmt: skip
 
