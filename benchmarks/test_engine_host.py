@@ -1,6 +1,6 @@
 """The engine's host work around each token: sampling the next token, the cache pool's bookkeeping
-for a sequence, and one scheduler turn (everything the executor loop does per token but the
-model's decode step, which a stub stands in for)."""
+for a sequence, and one scheduler step (everything the executor loop does per token but the
+model's batched decode step, which a stub stands in for)."""
 
 from __future__ import annotations
 
@@ -63,29 +63,33 @@ def test_cache_lease(benchmark, engine):
 
 
 class _StubEngine:
-    """Answers every decode step at once with the same token: only the scheduler's own work is left."""
+    """Answers every batched decode step at once with the same token: only the scheduler's own work is
+    left."""
 
     device = torch.device("cpu")
+    plan = SimpleNamespace(prefill_chunk=2048)
 
-    def next_token(self, seq, sampler):
-        seq.generated.append([7])
-        return [7]
+    def __init__(self, seq):
+        self.seq = seq
+
+    def decode_batch(self):
+        self.seq.generated.append([7])
+        return [(self.seq, 7)]
 
     def release(self, seq):
         pass
 
 
 def test_scheduler_turn(benchmark):
-    """One turn of the executor loop for one active sequence: cancel check, a token, stop and length
-    checks, and the event to the request's sink."""
-    scheduler = Scheduler(_StubEngine(), max_active=1)
+    """One step of the executor loop for one decoding sequence: cancel check, prefill and join passes
+    (nothing to do), the batched step's token, stop and length checks, and the event to the sink."""
+    seq = SimpleNamespace(prefilled=True, generated=[[7]], max_new_tokens=1 << 30)
+    scheduler = Scheduler(_StubEngine(seq), max_active=1)
     received = []
     handle = SimpleNamespace(request=Request([1, 2, 3], SamplingParams(max_tokens=1 << 30)),
                              sink=received.append, cancelled=False)  # fmt: skip
-    seq = SimpleNamespace(prefilled=True, generated=[], max_new_tokens=1 << 30)
-    active = SimpleNamespace(handle=handle, seq=seq, sampler=None)
-    scheduler._active.append(active)
-    scheduler._advance(active)  # what the loop calls for each active sequence, each turn
+    scheduler._active.append(SimpleNamespace(handle=handle, seq=seq, sampler=None, joined=True))
+    scheduler._step()  # what the loop runs each step
     assert received == [Token(7)]
     case(benchmark, "engine.scheduler.turn", area="engine")
-    benchmark(scheduler._advance, active)
+    benchmark(scheduler._step)

@@ -159,6 +159,15 @@ def draw_proxy_load(data: dict) -> plt.Figure:
     return fig
 
 
+def _lines_in_order(series: dict[tuple[str, str], dict]) -> list[dict]:
+    """Lines keyed by (label, hardware) in natural label order, each line's points ({x: point}) by x."""
+    lines = []
+    for key in sorted(series, key=lambda k: (natural_key(k[0]), k[1])):
+        line = series[key]
+        lines.append(line | {"points": [line["points"][x] for x in sorted(line["points"])]})
+    return lines
+
+
 def decode_throughput(frame: pd.DataFrame) -> dict | None:
     """Decode tok/s against context length, one line per configuration and hardware, each with its
     roofline; a context measured twice in one configuration keeps its newest receipt (x strictly rises)."""
@@ -177,10 +186,7 @@ def decode_throughput(frame: pd.DataFrame) -> dict | None:
         }
     if not series:
         return None
-    lines = []
-    for key in sorted(series, key=lambda k: (natural_key(k[0]), k[1])):
-        line = series[key]
-        lines.append(line | {"points": [line["points"][c] for c in sorted(line["points"])]})
+    lines = _lines_in_order(series)
     return {"title": "Decode tokens/s by context length (median; dashed: roofline of the same colour)",
             "series": lines}  # fmt: skip
 
@@ -204,6 +210,59 @@ def draw_decode(data: dict) -> plt.Figure:
     ax.set_title(title(data))
     ax.grid(alpha=0.3, which="both")
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1)
+    return fig
+
+
+def batching_concurrency(frame: pd.DataFrame) -> dict | None:
+    """Aggregate output tok/s and median TTFT / ITL against concurrency (`batching` receipts), one line per
+    configuration and hardware; each point labelled with its speedup over concurrency 1."""
+    rows = _newest_suite(frame, "batching")
+    series: dict[tuple[str, str], dict] = {}
+    for row in sorted(rows.itertuples(), key=lambda r: (r.created, r.path)):
+        receipt, cfg = row.receipt, row.receipt["config"]
+        label = f"{config_label(cfg)}, {cfg['decode_step']} step"
+        line = series.setdefault((label, row.hardware_id), {"label": label, "hardware_id": row.hardware_id,
+                                                            "points": {}})  # fmt: skip
+        summary = receipt["summary"]
+        line["points"][cfg["concurrency"]] = {
+            "concurrency": cfg["concurrency"],
+            "aggregate_tok_s": summary["aggregate_tok_s"]["median"],
+            "ttft_ms": summary["ttft_ms"]["median"],
+            "itl_ms": summary["itl_ms"]["median"],
+            "speedup_vs_c1": receipt["derived"].get("speedup_vs_c1"),
+            "receipt": row.path,
+        }
+    if not series:
+        return None
+    lines = _lines_in_order(series)
+    return {"title": "Continuous batching: aggregate output tokens/s and latency by concurrency (medians)",
+            "series": lines}  # fmt: skip
+
+
+def draw_batching(data: dict) -> plt.Figure:
+    fig, (rate, latency) = plt.subplots(1, 2, figsize=(9.6, 4.4), layout="constrained")
+    for i, line in enumerate(data["series"]):
+        style = series_style(i)
+        xs = [p["concurrency"] for p in line["points"]]
+        rate.plot(xs, [p["aggregate_tok_s"] for p in line["points"]], marker=style["marker"],
+                  color=style["color"], label=text(line["label"]))  # fmt: skip
+        for p in line["points"]:
+            if p["speedup_vs_c1"] is not None:
+                rate.annotate(text(f"{p['speedup_vs_c1']:.2g}x"), (p["concurrency"], p["aggregate_tok_s"]),
+                              textcoords="offset points", xytext=(4, -10), fontsize=6)  # fmt: skip
+        latency.plot(xs, [p["ttft_ms"] for p in line["points"]], marker=style["marker"], color=style["color"])
+        latency.plot(xs, [p["itl_ms"] for p in line["points"]], marker=style["marker"], color=style["color"],
+                     linestyle="--")  # fmt: skip
+    for ax in (rate, latency):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xlabel(text("concurrent requests"))
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3, which="both")
+    rate.set_ylabel(text("aggregate output tokens/s"))
+    latency.set_ylabel(text("ms (solid: time to first token; dashed: inter-token latency)"))
+    rate.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1)
+    fig.suptitle(title(data))
     return fig
 
 
@@ -664,6 +723,7 @@ FIGURES: list[Figure] = [
         draw_bars,
     ),  # fmt: skip
     Figure("decode_throughput", decode_throughput, draw_decode),
+    Figure("batching_concurrency", batching_concurrency, draw_batching),
     Figure("memory_headroom", memory_headroom, draw_headroom),
     Figure("decode_time_split", decode_time_split, draw_time_split),
     Figure(

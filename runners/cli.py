@@ -9,6 +9,7 @@ python -m runners llamacpp   our engine against llama.cpp on the same model and 
 python -m runners micro      pytest-benchmark microbenchmarks of k3's turn steps and the engine's host work
 python -m runners gpu-check  the one prepared GPU run: kernels, copy bandwidth, decode; a tar of receipts
 python -m runners training   train a checkpoint here (kimi-engine train) and record it as a receipt
+python -m runners batching   the engine's continuous batching: aggregate tok/s, TTFT, ITL per concurrency
 python -m runners llamacpp-quality  perplexity of llama.cpp's F16/Q8_0/Q4_0/Q4_K_M on the accuracy runner's tokens
 python -m runners serve      any streaming endpoint (Chat, Anthropic, Responses): TTFT, ITL, TPOT, goodput
 
@@ -35,6 +36,7 @@ COMMANDS = {
     "micro-gate": "runners.micro:micro_gate_command",
     "training": "runners.training:training_command",
     "llamacpp-quality": "runners.llamacpp_quality:llamacpp_quality_command",
+    "batching": "runners.batching:batching_command",
     "serve": "runners.serve.cli:serve_command",
 }
 

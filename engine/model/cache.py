@@ -6,8 +6,10 @@ Layout, for a batch of B sequences that advance together:
 - MLA layer: `kv` [B, max_len, kv_lora_rank + qk_rope_head_dim], the normalised latent then the shared
   64-wide key slice per token (activation dtype). Nothing else is cached: decode attends in latent space.
 
-`length` (host int) is the number of tokens written; `position` (a device tensor holding the same number)
-is what a decode step reads, so a step never needs the host value and can be captured in a CUDA graph.
+`length` (host int) is the number of tokens written; `position` (a device tensor [B] holding the same number
+per sequence) is what a decode step reads, so a step never needs the host value and can be captured in a
+CUDA graph. Sequences of a continuous batch (engine/runtime/batch.py) sit at different positions: each row
+writes its own slot and masks the slots after it; the host `length` is then the longest row's.
 A runner that replays captured steps must call `advance(n)` itself (the Python-side increment is not part
 of the graph).
 """
@@ -80,7 +82,7 @@ class SequenceCache:
                     device=device,
                 )
                 self.layers.append(KDAState(conv=conv, recurrent=recurrent))
-        self.position = torch.zeros(1, dtype=torch.long, device=device)
+        self.position = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.slots = torch.arange(max_len, device=device)  # slot index per cache row, for the decode mask
         self.length = 0
 

@@ -89,18 +89,22 @@ class MultiheadLatentAttention(nn.Module):
     def decode(
         self, x: torch.Tensor, state: MLAState, position: torch.Tensor, slots: torch.Tensor
     ) -> torch.Tensor:
-        """Absorbed attention for one token x [B, 1, hidden] written at device index `position` [1];
-        attends over all `max_len` slots with those after `position` masked (static shapes)."""
+        """Absorbed attention for one token per sequence x [B, 1, hidden], row b written at device index
+        `position[b]` (position [B], or [1] for sequences that advance together); attends over all
+        `max_len` slots with those after its own position masked (static shapes). A position past the
+        last slot (an idle row of a continuous batch) writes the last slot instead."""
         cfg = self.cfg
         batch = x.shape[0]
         n, nope = cfg.num_attention_heads, cfg.qk_nope_head_dim
         q = self.q_proj(x).view(batch, n, cfg.qk_head_dim)
-        state.kv.index_copy_(1, position, self.compress(x))
+        at = position.clamp(max=state.kv.shape[1] - 1).expand(batch).view(batch, 1, 1)
+        entry = self.compress(x)  # [B, 1, L + rope]
+        state.kv.scatter_(1, at.expand(batch, 1, entry.shape[-1]), entry)
         w_k, w_v = self.absorbed_weights()  # [H, nope, L], [H, v, L]
         q_latent = torch.einsum("bhn,hnl->bhl", q[..., :nope], w_k)
         q_cat = torch.cat([q_latent, q[..., nope:]], dim=-1)  # [B, H, L + rope]
         scores = (q_cat @ state.kv.transpose(1, 2)).float() * self.scale  # [B, H, max_len]
-        scores = scores.masked_fill(slots > position, float("-inf"))
+        scores = scores.masked_fill(slots > at, float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(state.kv.dtype)
         context = probs @ state.latent  # [B, H, L]
         o = torch.einsum("bhl,hvl->bhv", context, w_v)

@@ -24,10 +24,7 @@ from torch import nn
 from engine.codec import LinearWeight, dequantize
 from engine.kernels.linear import GEMV_FOR_FORMAT
 from engine.kernels.registry import Selection, Variant
-from engine.model.moe import grouped_expert_ffn, grouped_expert_rows
-
-# Up to this many rows (tokens x sequences) go through the GEMV kernels; more take the prefill path.
-DECODE_MAX_ROWS = 16
+from engine.model.moe import DECODE_MAX_ROWS, grouped_expert_ffn, grouped_expert_rows
 
 GROUPED_OPS = ("w4a16_grouped_swiglu", "w4a16_grouped_gemv", "route_combine")
 

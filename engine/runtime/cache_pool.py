@@ -23,7 +23,7 @@ from engine.runtime.memory import cache_bytes
 @dataclass
 class Lease:
     cache: SequenceCache
-    runner: DecodeRunner
+    runner: DecodeRunner | None  # None: a cache only prefilled into (its sequence joins the decode batch)
     nbytes: int
 
 
@@ -74,14 +74,15 @@ class CachePool:
         growth = self.bytes_for(max(first, final // 2), batch) if final > first else 0
         return self.bytes_for(final, batch) + growth
 
-    def reserve(self, nbytes: int) -> bool:
-        """Reserve bytes for a sequence, dropping idle caches if needed; False when they do not fit now."""
+    def reserve(self, nbytes: int, *, force: bool = False) -> bool:
+        """Reserve bytes for a sequence, dropping idle caches if needed; False when they do not fit now
+        (`force`: reserve them anyway, for growth that cannot wait)."""
         if self.budget_bytes is not None:
-            if nbytes > self.budget_bytes:
+            if nbytes > self.budget_bytes and not force:
                 raise ValueError(f"a sequence needing {nbytes} bytes can never fit the budget")
             while self._idle and self.reserved_bytes + self.idle_bytes + nbytes > self.budget_bytes:
                 self._drop_oldest_idle()
-            if self.reserved_bytes + nbytes > self.budget_bytes:
+            if self.reserved_bytes + nbytes > self.budget_bytes and not force:
                 return False
         self.reserved_bytes += nbytes
         return True
@@ -89,11 +90,13 @@ class CachePool:
     def unreserve(self, nbytes: int) -> None:
         self.reserved_bytes -= nbytes
 
-    def take(self, tokens: int, batch: int = 1) -> Lease:
-        """An empty cache for `tokens` tokens (reused if one is idle); its bytes must be reserved."""
+    def take(self, tokens: int, batch: int = 1, *, decoding: bool = True) -> Lease:
+        """An empty cache for `tokens` tokens (reused if one is idle); its bytes must be reserved.
+        `decoding=False`: only prefilled into, so it needs no decode runner (nothing compiled for it)."""
         capacity = self.capacity_for(tokens)
         idle = self._idle.get(capacity)
-        lease = next((x for x in idle or [] if x.cache.batch_size == batch), None)
+        fits = lambda x: x.cache.batch_size == batch and (x.runner is not None or not decoding)
+        lease = next((x for x in idle or [] if fits(x)), None)
         if lease is not None:
             idle.remove(lease)
             if not idle:
@@ -103,20 +106,24 @@ class CachePool:
             lease.cache.reset()
         else:
             cache = self.model.new_cache(capacity, batch_size=batch)
-            runner = DecodeRunner(
-                self.model,
-                cache,
-                cuda_graph=self.graphs_for(batch),
-                compiled=self.compiled_for(batch),
-                graph_pool=self.graph_pool,
-            )
-            self.graphs_captured += runner.graph is not None
-            if runner.compile_s is not None:
-                self.steps_compiled += 1
-                self.compile_s[capacity, batch] = runner.compile_s
-            lease = Lease(cache, runner, self.bytes_for(capacity, batch))
+            lease = Lease(cache, self._runner(cache) if decoding else None, self.bytes_for(capacity, batch))
         self.in_use_bytes += lease.nbytes
         return lease
+
+    def _runner(self, cache: SequenceCache) -> DecodeRunner:
+        batch = cache.batch_size
+        runner = DecodeRunner(
+            self.model,
+            cache,
+            cuda_graph=self.graphs_for(batch),
+            compiled=self.compiled_for(batch),
+            graph_pool=self.graph_pool,
+        )
+        self.graphs_captured += runner.graph is not None
+        if runner.compile_s is not None:
+            self.steps_compiled += 1
+            self.compile_s[cache.max_len, batch] = runner.compile_s
+        return runner
 
     def graphs_for(self, batch: int) -> bool:
         """Whether decode steps of `batch` sequences replay a CUDA graph (else they run eagerly)."""

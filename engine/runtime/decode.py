@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 
 from engine.model import KimiLinearForCausalLM, SequenceCache
-from engine.model.moe import ExpertBank
-from engine.quant.packed import DECODE_MAX_ROWS, PackedExpertBank
+from engine.model.moe import DECODE_MAX_ROWS, ExpertBank
+from engine.quant.packed import PackedExpertBank
 from engine.runtime.compiled import CompiledStep
 
 _WARMUP_STEPS = 2  # lazy initialisation (cuBLAS handles, workspace) must happen outside the capture
@@ -23,16 +23,10 @@ _WARMUP_STEPS = 2  # lazy initialisation (cuBLAS handles, workspace) must happen
 def graph_capturable(model: KimiLinearForCausalLM, batch: int) -> bool:
     """Whether a decode step of `batch` sequences has static shapes and no host reads (so it can be
     captured in a CUDA graph, or compiled in one graph), i.e. every expert bank takes a
-    sync-free path: a dense `ExpertBank` gathers experts only while batch * top_k < num_experts (beyond,
-    `expert_ffn` groups by expert on the host); a `PackedExpertBank` runs its kernels up to
-    `DECODE_MAX_ROWS` rows (beyond, it dequantises expert by expert, also grouped on the host)."""
-    cfg = model.config
-    for module in model.modules():
-        if isinstance(module, PackedExpertBank) and batch > DECODE_MAX_ROWS:
-            return False
-        if isinstance(module, ExpertBank) and batch * cfg.num_experts_per_token >= cfg.num_experts:
-            return False
-    return True
+    sync-free path: up to `DECODE_MAX_ROWS` rows, a dense `ExpertBank` gathers the union of the rows'
+    experts and a `PackedExpertBank` runs its kernels; beyond, both group by expert on the host."""
+    has_banks = any(isinstance(m, ExpertBank | PackedExpertBank) for m in model.modules())
+    return batch <= DECODE_MAX_ROWS or not has_banks
 
 
 class DecodeRunner:

@@ -6,8 +6,10 @@ decode and a prefix state cache. Single-threaded; the scheduler (or a benchmark)
     tokens = engine.decode(seq, 64, SamplingParams(), on_token=lambda i, ids: ...)
     engine.release(seq); engine.memory_report(); engine.close()
 
-The step-wise form (what the scheduler uses to interleave sequences) is `start` → `prefill_step` until
-it returns True → `next_token` per token → `release`.
+The step-wise form is `start` → `prefill_step` until it returns True → `next_token` per token →
+`release`. The scheduler's continuously batched form: `start` → `prefill_step` → `next_token` (the first
+token, from the prefill's logits) → `join` → `decode_batch` (one step for every joined sequence) →
+`keep_reply` (prefix-cache the state after the reply) → `release`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from engine.model import CheckpointError, ConfigError, KimiLinearForCausalLM, Sa
 from engine.model.dtypes import default_dtype
 from engine.model.mla import MultiheadLatentAttention
 from engine.quant import ArtifactError, kernel_variants, use_kernels
+from engine.runtime.batch import DecodeBatch
 from engine.runtime.cache_pool import CachePool, Lease
 from engine.runtime.compiled import check_step, default_step
 from engine.runtime.kda_kernels import select_kda_kernel, use_kda_kernel
@@ -70,7 +73,7 @@ class Sequence:
 
     prompt_ids: list[list[int]]
     max_new_tokens: int
-    lease: Lease
+    lease: Lease | None  # its own cache; None once it joined the decode batch
     reservation: int
     pending: torch.Tensor  # [B, T] prompt tokens not prefilled yet
     cached_tokens: int = 0  # prompt tokens restored from the prefix cache
@@ -125,6 +128,7 @@ class Engine:
             cuda_graphs=cuda_graphs,
             compiled=step == "compiled",
         )
+        self.batch = DecodeBatch(self.pool)
 
     # ------------------------------------------------------------------ loading
 
@@ -263,10 +267,14 @@ class Engine:
 
     # ------------------------------------------------------------------ step-wise API
 
-    def start(self, prompt_ids: Iterable[Iterable[int]], max_new_tokens: int) -> Sequence:
+    def start(
+        self, prompt_ids: Iterable[Iterable[int]], max_new_tokens: int, *, batched: bool = False
+    ) -> Sequence:
         """Admit prompts of equal length that will generate up to `max_new_tokens` each: reserve memory,
-        take a cache, and restore the longest kept prefix. Raises EngineBusy when memory is held by
-        others (try again later), ValueError for prompts that can never fit."""
+        take a cache, and restore the longest kept prefix. `batched`: the sequence will `join` the decode
+        batch, so its own cache is only prefilled into (no decode runner is built for it). Raises
+        EngineBusy when memory is held by others (try again later), ValueError for prompts that can
+        never fit."""
         prompts = [list(p) for p in prompt_ids]
         length = len(prompts[0]) if prompts else 0
         if not length or any(len(p) != length for p in prompts):
@@ -288,7 +296,7 @@ class Engine:
             raise EngineBusy("no memory for another sequence until one finishes")
         lease = None
         try:
-            lease = self.pool.take(first, batch)
+            lease = self.pool.take(first, batch, decoding=not batched)
             pending = torch.tensor(prompts, dtype=torch.long, device=self.device)
             seq = Sequence(prompts, max_new_tokens, lease, reservation, pending)
             if batch == 1 and self.prefix_cache is not None:
@@ -310,10 +318,12 @@ class Engine:
         if seq.prefilled:  # the very same prompt again: its logits were kept too
             seq.logits = snapshot.logits.to(self.device, copy=True)
 
-    def prefill_step(self, seq: Sequence) -> bool:
-        """Prefill the next chunk of the prompt; True once the whole prompt is in the cache."""
+    def prefill_step(self, seq: Sequence, max_tokens: int | None = None) -> bool:
+        """Prefill the next chunk of the prompt (at most `max_tokens`, default and at most the planned
+        chunk); True once the whole prompt is in the cache."""
         if not seq.prefilled:
-            chunk = seq.pending[:, : self.plan.prefill_chunk]
+            size = self.plan.prefill_chunk if max_tokens is None else min(max_tokens, self.plan.prefill_chunk)
+            chunk = seq.pending[:, :size]
             seq.pending = seq.pending[:, chunk.shape[1] :]
             seq.logits = self.model.prefill(chunk, seq.lease.cache)
             self.cap.check()
@@ -341,9 +351,38 @@ class Engine:
         """Each prompt's generated tokens (rebuilt per token: only for a logits processor, which needs them)."""
         return [list(col) for col in zip(*seq.generated, strict=True)] or [[] for _ in seq.prompt_ids]
 
+    def join(self, newcomers: list[tuple[Sequence, Sampler]]) -> int:
+        """Move prefilled one-prompt sequences whose first tokens are sampled (`next_token`) into the
+        decode batch, in order; returns how many joined (the rest: no memory now, try after a step)."""
+        if any(seq.batch_size != 1 or not seq.generated for seq, _ in newcomers):
+            raise ValueError("join one prompt after prefill and its first token")
+        return self.batch.join(newcomers)
+
+    def decode_batch(self) -> list[tuple[Sequence, int]]:
+        """One decode step for every joined sequence: (sequence, its next token) each."""
+        if not self.batch.members:
+            return []
+        stepped = self.batch.step()
+        self.cap.check()
+        return [(m.seq, token) for m, token in stepped]
+
+    def keep_reply(self, seq: Sequence) -> None:
+        """Prefix-cache a joined sequence's state after its reply, so a next turn that resends the prompt
+        and the reply prefills only what follows (the last token is not in the cache: nothing fed it)."""
+        member = self.batch.member(seq)
+        if self.prefix_cache is None or member is None or member.logits is None:
+            return
+        ids = seq.prompt_ids[0] + [g[0] for g in seq.generated[:-1]]
+        self.prefix_cache.store(ids, self.batch.lease.cache, member.logits.unsqueeze(0), row=member.row)
+
     def release(self, seq: Sequence) -> None:
-        """Give the sequence's cache back and drop its reservation (at once: used on cancellation too)."""
-        self.pool.give_back(seq.lease)
+        """Give the sequence's cache (or its batch row) back and drop its reservation (at once: used on
+        cancellation too)."""
+        if seq.lease is not None:
+            self.pool.give_back(seq.lease)
+            seq.lease = None
+        if self.batch.member(seq) is not None:
+            self.batch.leave(seq)
         self.pool.unreserve(seq.reservation)
         seq.reservation = 0
 

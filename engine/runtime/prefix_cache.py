@@ -1,5 +1,6 @@
 """Prefix state cache: a coding agent's next turn resends the whole conversation, so keep the state after
-each prompt and, for a prompt that extends a kept one, prefill only the new tokens.
+each prompt and after each generated reply, and, for a prompt that extends a kept one, prefill only the
+new tokens.
 
 An entry is a `StateSnapshot` of a whole prompt (KDA states, MLA latents and the last logits) keyed by a
 hash of its token ids. A lookup finds the longest kept prompt that is a prefix of the new one; an
@@ -61,9 +62,12 @@ class PrefixCache:
         self.misses += 1
         return None
 
-    def store(self, ids: Sequence[int], cache: SequenceCache, logits: torch.Tensor) -> None:
-        """Keep the state of `cache`, which holds exactly the prompt `ids`, and its last logits."""
-        if len(ids) != cache.length:
+    def store(
+        self, ids: Sequence[int], cache: SequenceCache, logits: torch.Tensor, *, row: int | None = None
+    ) -> None:
+        """Keep the state of `cache`, which holds exactly the tokens `ids`, and its last logits. With
+        `row`, the sequence in that row of a continuous batch (holding len(ids) tokens)."""
+        if row is None and len(ids) != cache.length:
             raise ValueError(f"cache holds {cache.length} tokens, not the {len(ids)} given")
         if len(ids) < self.min_tokens:
             return
@@ -71,7 +75,7 @@ class PrefixCache:
         if key in self._entries:
             self._entries.move_to_end(key)
             return
-        snapshot = take_snapshot(cache, logits, device=self.device)
+        snapshot = take_snapshot(cache, logits, device=self.device, row=row, length=len(ids))
         if snapshot.nbytes > self.max_bytes:
             return
         while self.bytes + snapshot.nbytes > self.max_bytes:

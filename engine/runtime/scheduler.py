@@ -1,12 +1,18 @@
-"""The model executor: one thread that owns the engine and interleaves the sequences in flight.
+"""The model executor: one thread that owns the engine and batches the sequences in flight.
 
 Requests wait in a FIFO queue: beyond the free slots, at most `max_queue` may wait (`submit` raises
 QueueFull beyond that: back-pressure).
 The head of the queue is admitted when a slot (`max_active`) and memory for its cache are free; nothing
-behind it overtakes it. Each turn of the loop gives every active sequence one unit of work — one
-prefill chunk or one token — so a long prompt does not stall the others' streams. Results go to a
-per-request `sink` callable, called on this thread: `Started`, then `Token`s, then `Finished` or
-`Failed`. `Handle.cancel()` (any thread) makes the sequence release its cache at the next turn.
+behind it overtakes it. Each step of the loop (continuous batching):
+1. drops the cancelled sequences (their caches and batch rows are free for this very step);
+2. prefills at most `prefill_budget` prompt tokens (default: the engine's prefill chunk), oldest prompt
+   first, so a long prompt delays the running streams by at most one chunk per step; a prompt that is
+   done samples its first token from the prefill's logits and joins the decode batch;
+3. runs one decode step for every joined sequence together (`Engine.decode_batch`), each sampled with
+   its own parameters.
+Results go to a per-request `sink` callable, called on this thread: `Started`, then `Token`s, then
+`Finished` or `Failed`. `Handle.cancel()` (any thread) makes the sequence release its cache at the next
+step. A reply that ends (stop or length) leaves its state in the prefix cache for the next turn.
 """
 
 from __future__ import annotations
@@ -91,13 +97,34 @@ class _Active:
     handle: Handle
     seq: Sequence
     sampler: Sampler
+    joined: bool = False  # decoding in the batch (else prefilling, or waiting for a row)
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one executor step did: prompt tokens prefilled and sequences decoded together."""
+
+    prefill_tokens: int
+    decoded: int
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, *, max_active: int = 4, max_queue: int = 16, retry_after_s: int = 1):
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        max_active: int = 4,
+        max_queue: int = 16,
+        retry_after_s: int = 1,
+        prefill_budget: int | None = None,
+    ):
         if max_active < 1 or max_queue < 0:
             raise ValueError("max_active must be positive and max_queue non-negative")
+        if prefill_budget is not None and prefill_budget < 1:
+            raise ValueError("prefill_budget must be positive")
         self.engine = engine
+        self.prefill_budget = prefill_budget or engine.plan.prefill_chunk
+        self.steps: deque[StepRecord] = deque(maxlen=10_000)  # the latest steps, for tests and benchmarks
         self.max_active = max_active
         self.max_queue = max_queue
         self.retry_after_s = retry_after_s
@@ -151,6 +178,8 @@ class Scheduler:
             return {
                 "queued": len(self._waiting),
                 "active": len(self._active),
+                "decoding": sum(a.joined for a in self._active),  # in the decode batch (others prefill)
+                "batch_rows": self.engine.batch.rows,  # the batch's bucket (idle rows included)
                 "max_active": self.max_active,
                 "max_queue": self.max_queue,
                 "paused": self._paused,
@@ -173,74 +202,121 @@ class Scheduler:
                     self._cond.wait()
                 if self._stopping:
                     break
-                head = self._waiting[0] if self._waiting and len(self._active) < self.max_active else None
-            if head is not None:
-                self._admit(head)
-            for active in list(self._active):
-                self._advance(active)
+            self._admit_waiting()
+            self._step()
         self._shut_down()
+
+    def _admit_waiting(self) -> None:
+        while True:
+            with self._cond:
+                head = self._waiting[0] if self._waiting and len(self._active) < self.max_active else None
+            if head is None or not self._admit(head):
+                return
 
     def _drop_cancelled_waiting(self) -> None:
         kept = [h for h in self._waiting if not h.cancelled]
         self.counts["cancelled"] += len(self._waiting) - len(kept)
         self._waiting = deque(kept)
 
-    def _admit(self, handle: Handle) -> None:
+    def _admit(self, handle: Handle) -> bool:
+        """Admit (or fail) the head of the queue; False when it must wait for memory, keeping its place."""
         request = handle.request
         try:
-            seq = self.engine.start([request.prompt_ids], request.params.max_tokens)
+            seq = self.engine.start([request.prompt_ids], request.params.max_tokens, batched=True)
         except EngineBusy:
             if self._active:
-                return  # memory frees up when an active sequence ends; the head keeps its place
+                return False  # memory frees up when an active sequence ends
             self._pop(handle)
             self._fail(handle, "no memory for this sequence even with nothing else running", "memory")
-            return
+            return True
         except ValueError as e:
             self._pop(handle)
             self._fail(handle, str(e), "invalid")
-            return
+            return True
         except (torch.OutOfMemoryError, MemoryCapExceeded) as e:
             self._pop(handle)
             self._fail(handle, f"out of memory under the cap: {e}", "memory")
-            return
+            return True
         except Exception as e:  # a bug: fail this request, keep serving
             log.exception("admission failed")
             self._pop(handle)
             self._fail(handle, f"internal error: {e}", "internal")
-            return
+            return True
         self._pop(handle)
         sampler = Sampler(request.params, self.engine.device, request.logits_processor)
         with self._cond:
             self._active.append(_Active(handle, seq, sampler))
         _emit(handle, Started(seq.cached_tokens))
+        return True
 
     def _pop(self, handle: Handle) -> None:
         with self._cond:
             self._waiting.remove(handle)
 
-    def _advance(self, active: _Active) -> None:
-        handle, seq = active.handle, active.seq
-        if handle.cancelled:
+    def _step(self) -> None:
+        for active in [a for a in self._active if a.handle.cancelled]:
             self._end(active, None)
+        prefilled = self._prefill()
+        self._join()
+        decoding = {id(a.seq): a for a in self._active if a.joined}
+        if decoding:
+            try:
+                stepped = self.engine.decode_batch()
+            except Exception as e:  # one step serves them all: each fails as it would alone
+                for active in list(decoding.values()):
+                    self._end(active, _failure(e))
+                stepped = []
+            for seq, token in stepped:
+                self._deliver(decoding[id(seq)], token)
+        self.steps.append(StepRecord(prefilled, len(decoding)))
+
+    def _prefill(self) -> int:
+        """Prefill up to the step's budget, oldest prompt first; a finished prompt samples its first
+        token. Returns the prompt tokens prefilled."""
+        budget = self.prefill_budget
+        for active in [a for a in self._active if not a.seq.generated]:
+            if budget <= 0:
+                break
+            seq = active.seq
+            n = min(budget, seq.pending.shape[1])
+            budget -= n
+            done = self._guarded(active, lambda seq=seq, n=n: self.engine.prefill_step(seq, n))
+            if done is True:
+                token = self._guarded(active, lambda a=active: self.engine.next_token(a.seq, a.sampler)[0])
+                if isinstance(token, int):
+                    self._deliver(active, token)
+        return self.prefill_budget - budget
+
+    def _join(self) -> None:
+        """Move every prefilled sequence into the decode batch (those that do not fit wait a step)."""
+        ready = [a for a in self._active if not a.joined and a.seq.generated]
+        if not ready:
             return
         try:
-            if not seq.prefilled:
-                self.engine.prefill_step(seq)
-                return
-            token = self.engine.next_token(seq, active.sampler)[0]
-        except (torch.OutOfMemoryError, MemoryCapExceeded) as e:
-            self._end(active, Failed(f"out of memory under the cap: {e}", "memory"))
+            joined = self.engine.join([(a.seq, a.sampler) for a in ready])
+        except Exception as e:
+            for active in ready:
+                self._end(active, _failure(e))
             return
-        except Exception as e:  # a bug, not the client's fault: fail this request, keep serving
-            log.exception("sequence failed")
-            self._end(active, Failed(f"internal error: {e}", "internal"))
-            return
-        generated = len(seq.generated)
+        for active in ready[:joined]:
+            active.joined = True
+
+    def _guarded(self, active: _Active, work: Callable[[], object]) -> object:
+        """Run one sequence's work and return its result; on an error, end the sequence as failed and
+        return the error."""
+        try:
+            return work()
+        except Exception as e:
+            self._end(active, _failure(e))
+            return e
+
+    def _deliver(self, active: _Active, token: int) -> None:
+        handle, seq = active.handle, active.seq
         if token in handle.request.params.stop_token_ids:
             self._end(active, self._finished("stop", seq))
             return
         _emit(handle, Token(token))
-        if generated >= seq.max_new_tokens:
+        if len(seq.generated) >= seq.max_new_tokens:
             self._end(active, self._finished("length", seq))
 
     @staticmethod
@@ -248,7 +324,13 @@ class Scheduler:
         return Finished(reason, seq.prompt_len, seq.cached_tokens, len(seq.generated))
 
     def _end(self, active: _Active, event: Finished | Failed | None) -> None:
-        """Free the sequence first, then report (None: cancelled, nobody to tell)."""
+        """Free the sequence first (a finished reply leaves its state in the prefix cache), then report
+        (None: cancelled, nobody to tell)."""
+        if isinstance(event, Finished):
+            try:
+                self.engine.keep_reply(active.seq)
+            except Exception:  # the reply is complete; only the next turn's prefix hit is lost
+                log.exception("could not keep the reply's state")
         self.engine.release(active.seq)
         with self._cond:
             self._active.remove(active)
@@ -269,6 +351,13 @@ class Scheduler:
             waiting, self._waiting = list(self._waiting), deque()
         for handle in waiting:
             self._fail(handle, "the server is shutting down", "shutdown")
+
+
+def _failure(e: Exception) -> Failed:
+    if isinstance(e, torch.OutOfMemoryError | MemoryCapExceeded):
+        return Failed(f"out of memory under the cap: {e}", "memory")
+    log.exception("sequence failed", exc_info=e)  # a bug, not the client's fault: fail it, keep serving
+    return Failed(f"internal error: {e}", "internal")
 
 
 def _emit(handle: Handle, event: Event) -> None:

@@ -73,7 +73,8 @@ from engine.runtime.kda_kernels import KDA_KERNELS
     type=click.IntRange(min=1),
     default=4,
     show_default=True,
-    help="Sequences in flight at once.",
+    help="Sequences in flight at once; they decode together, one batched step for all (a compiled step is "
+    "warmed up at start for every batch bucket 1, 2, 4, ... up to this).",
 )
 @click.option(
     "--max-queue",
@@ -168,6 +169,7 @@ def serve_command(
 
     from engine.kernels import KernelSelectionError, named_choices
     from engine.runtime import LOAD_ERRORS, Engine, Scheduler
+    from engine.runtime.batch import buckets_upto
     from engine.runtime.compiled import inductor_cache_dir
     from engine.server.app import ServerContext, create_app
     from engine.server.chat_template import SYNTHETIC_CHAT_TEMPLATE, ChatTemplate
@@ -228,10 +230,11 @@ def serve_command(
     _print_start_up(engine, scripted is not None)
     if engine.step == "compiled":
         click.echo(f"compiling the decode step (Inductor cache: {inductor_cache_dir()}) ...")
-        sys.stdout.flush()
-        compile_s = engine.warm_up()
-        if compile_s is not None:
-            click.echo(f"compiled the decode step in {compile_s:.1f} s")
+        for rows in buckets_upto(max_sequences):  # every batch bucket, so none compiles mid-stream
+            sys.stdout.flush()
+            compile_s = engine.warm_up(batch=rows)
+            if compile_s is not None:
+                click.echo(f"compiled the decode step for {rows} sequence(s) in {compile_s:.1f} s")
     shown_host = f"[{host}]" if ":" in host else host
     click.echo(
         f"kimi-engine listening on http://{shown_host}:{sock.getsockname()[1]}  (OpenAI API under /v1)"

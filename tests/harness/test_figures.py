@@ -134,3 +134,20 @@ def test_use_tex_without_latex_is_a_clear_error(tmp_path):
     out = subprocess.run([sys.executable, "-m", "harness", "figures", "--results", str(results), "--out",
                           str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert out.returncode == 1 and "USE_TEX=1" in out.stderr and "unset USE_TEX" in out.stderr
+
+
+def test_batching_is_one_line_per_configuration_rising_in_concurrency_and_absent_without_receipts(tmp_path):
+    results = tmp_path / "results"
+    assert "batching_concurrency" not in figures.build_all(results)
+    for c in (4, 1, 2):
+        cfg = {"model": "synthetic-small", "dtype": "bf16", "threads": 2, "decode_step": "compiled",
+               "concurrency": c}  # fmt: skip
+        samples = {"aggregate_tok_s": [10.0 * c], "ttft_ms": [50.0, 60.0], "itl_ms": [30.0, 31.0]}
+        _write(results, "batching", f"synthetic-small.bf16.c{c}", cfg, samples, {"speedup_vs_c1": float(c)})
+    data = figures.build_all(results)["batching_concurrency"]
+    (line,) = data["series"]
+    assert [p["concurrency"] for p in line["points"]] == [1, 2, 4]
+    assert [p["speedup_vs_c1"] for p in line["points"]] == [1.0, 2.0, 4.0]
+    assert "compiled step" in line["label"]
+    written = figures.write_all(results, tmp_path / "figures")
+    assert tmp_path / "figures" / "batching_concurrency.png" in written
