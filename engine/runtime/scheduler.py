@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from engine.runtime.sampling import Sampler
 from harness.caps import MemoryCapExceeded
 
 log = logging.getLogger(__name__)
+PREFILL_LOG_EVERY_CHUNKS = 4
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,32 @@ class _Active:
     handle: Handle
     seq: Sequence
     sampler: Sampler
+    prefill: PrefillProgress | None = None
+
+
+class PrefillProgress:
+    """Logs a long prompt's prefill every `every` chunks and at its end: tokens done of total, tok/s and the
+    time left, so a user waiting minutes on a CPU sees it move. Prompts of at most `every` chunks log nothing."""
+
+    def __init__(self, seq: Sequence, chunk: int, every: int = PREFILL_LOG_EVERY_CHUNKS):
+        self.total = seq.prompt_len
+        self.start_done = seq.prompt_len - seq.pending.shape[1]  # restored from the prefix cache
+        self.every, self.chunks = every, 0
+        self.enabled = seq.pending.shape[1] > every * chunk
+        self.started = time.monotonic()
+
+    def step(self, seq: Sequence) -> None:
+        self.chunks += 1
+        if not self.enabled or (self.chunks % self.every and not seq.prefilled):
+            return
+        done = self.total - seq.pending.shape[1]
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        rate = (done - self.start_done) / elapsed
+        left = f", about {(self.total - done) / rate:.0f} s left" if not seq.prefilled and rate else ""
+        log.info(
+            "prefill %d/%d tokens (%.0f%%) at %.0f tok/s%s",
+            done, self.total, 100 * done / self.total, rate, left,
+        )  # fmt: skip
 
 
 class Scheduler:
@@ -210,8 +238,9 @@ class Scheduler:
             return
         self._pop(handle)
         sampler = Sampler(request.params, self.engine.device, request.logits_processor)
+        progress = PrefillProgress(seq, self.engine.plan.prefill_chunk)
         with self._cond:
-            self._active.append(_Active(handle, seq, sampler))
+            self._active.append(_Active(handle, seq, sampler, progress))
         _emit(handle, Started(seq.cached_tokens))
 
     def _pop(self, handle: Handle) -> None:
@@ -226,6 +255,8 @@ class Scheduler:
         try:
             if not seq.prefilled:
                 self.engine.prefill_step(seq)
+                if active.prefill is not None:
+                    active.prefill.step(seq)
                 return
             token = self.engine.next_token(seq, active.sampler)[0]
         except (torch.OutOfMemoryError, MemoryCapExceeded) as e:

@@ -73,9 +73,10 @@ DEFAULT_GPU_CAP_GIB = 32.0
 @click.option(
     "--max-context",
     type=click.IntRange(min=2),
-    default=32768,
+    default=65536,
     show_default=True,
-    help="Longest sequence (prompt + output); refused at start-up if it cannot fit under the cap.",
+    help="Longest sequence (prompt + output); refused at start-up if it cannot fit under the cap. The "
+    "default holds Claude Code's first request (25 tools) in the synthetic and trained models' tokens.",
 )
 @click.option(
     "--prefill-chunk",
