@@ -107,11 +107,6 @@ class Tokenizer:
         """The BPE ranks (token bytes -> id), without the special tokens."""
         return dict(self._ranks)
 
-    @property
-    def is_byte_level(self) -> bool:
-        """True for a byte-level file: exactly the 256 single-byte tokens, no merges."""
-        return len(self._ranks) == 256 and all(self._ranks.get(bytes([b])) == b for b in range(256))
-
     def token_id(self, special: str) -> int:
         try:
             return self.special_tokens[special]

@@ -22,7 +22,6 @@ def test_bpe_round_trip(synthetic):
     code = "    def __init__(self, name):\n        return self.name"
     assert len(synthetic.encode(code)) < len(code) / 3  # merges: far fewer ids than bytes
     assert synthetic.decode(ids) == text
-    assert not synthetic.is_byte_level
 
 
 def test_special_tokens_match_the_model_config(synthetic, tiny_model):
@@ -63,7 +62,6 @@ def test_real_style_tiktoken_file_with_merges(tmp_path):
     }
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     tok = Tokenizer.from_dir(tmp_path)
-    assert not tok.is_byte_level
     assert tok.encode("hello world") == [ranks.index(b"hello"), ranks.index(b" wor"), *b"ld"]
     assert tok.decode(tok.encode("hello world")) == "hello world"
     assert tok.bos_id == base and tok.eos_id == base + 2
