@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.server_support import CliProcess
+from tests.server.server_support import CliProcess, engine_and_k3
 
 CAPTURES = Path(__file__).parents[1] / "k3" / "fixtures" / "client_requests.jsonl"
 REPLY = "Hi! How can I help?"
@@ -63,23 +63,10 @@ def full_size(body: dict) -> dict:
 
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory):
-    script = tmp_path_factory.mktemp("script") / "replies.json"
-    script.write_text(json.dumps([{"match": "", "reply": REPLY}]))  # every request: a short reply
-    engine = CliProcess(
-        "engine", "serve", "--synthetic", "tiny", "--port", "0", "--scripted-replies", str(script)
-    )
-    k3 = None
-    try:
-        engine_url = engine.url()
-        k3 = CliProcess(
-            "k3", "serve", "--upstream", engine_url + "/v1", "--model", "kimi-linear", "--tool-parser",
-            "kimi", "--port", "0",
-        )  # fmt: skip
-        yield engine_url, k3.url(), engine
-    finally:
-        if k3 is not None:
-            k3.stop()
-        engine.stop()
+    script = [("", REPLY)]  # every request: a short reply
+    k3_args = ("--model", "kimi-linear", "--tool-parser", "kimi")
+    with engine_and_k3(script, tmp_path_factory.mktemp("script"), *k3_args) as running:
+        yield running
 
 
 def _sse_events(text: str) -> list[tuple[str, dict]]:
