@@ -93,7 +93,7 @@ class _Active:
     handle: Handle
     seq: Sequence
     sampler: Sampler
-    prefill: PrefillProgress | None = None
+    prefill: PrefillProgress
 
 
 class PrefillProgress:
@@ -255,8 +255,7 @@ class Scheduler:
         try:
             if not seq.prefilled:
                 self.engine.prefill_step(seq)
-                if active.prefill is not None:
-                    active.prefill.step(seq)
+                active.prefill.step(seq)
                 return
             token = self.engine.next_token(seq, active.sampler)[0]
         except (torch.OutOfMemoryError, MemoryCapExceeded) as e:
