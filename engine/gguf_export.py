@@ -7,8 +7,12 @@ Tensor names come from the `gguf` package's own tables; the conversions follow l
 experts are stacked into one tensor per projection. The file is written tensor by tensor (only one
 output tensor is in memory at a time).
 
-Only checkpoints with the project's byte-level tokenizer (synthetic checkpoints) are supported; for real
-weights use llama.cpp's own convert_hf_to_gguf.py, which converts Moonshot's tiktoken vocabulary.
+The vocabulary is written the way llama.cpp's convert_hf_to_gguf.py writes Moonshot's tiktoken file: a
+GPT-2-style BPE (tokens in GPT-2's byte-to-unicode spelling, the merge of each rank recovered from the
+ranks, as tiktoken would apply them) with the `kimi-k2` pre-tokenizer, which llama.cpp implements as
+Moonshot's pattern; tests/engine/test_oracle_llamacpp.py checks that llama.cpp then tokenises text to the
+same ids as the engine. Supported for the project's own checkpoints (synthetic and trained, whose
+tiktoken file is small); for real weights use llama.cpp's convert_hf_to_gguf.py.
 """
 
 from __future__ import annotations
@@ -135,9 +139,9 @@ def _check_exportable(cfg: KimiLinearConfig, tokenizer: Tokenizer) -> None:
         raise ExportError("llama.cpp's kimi-linear uses one head count for KDA and MLA; this config has two")
     if not cfg.moe_renormalize:
         raise ExportError("llama.cpp's kimi-linear always renormalises the routing weights")
-    if not tokenizer.is_byte_level:
+    if tokenizer.bos_id > cfg.vocab_size:
         raise ExportError(
-            "only the project's byte-level tokenizer (synthetic checkpoints) is exported; "
+            f"the tokenizer's {tokenizer.bos_id} ranks do not fit the model's {cfg.vocab_size} ids; "
             "convert real checkpoints with llama.cpp's convert_hf_to_gguf.py"
         )
 
@@ -172,24 +176,62 @@ def _add_metadata(w: gguf.GGUFWriter, cfg: KimiLinearConfig, name: str, dtype: s
     w.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
 
 
-def _add_byte_level_vocab(w: gguf.GGUFWriter, cfg: KimiLinearConfig, tokenizer: Tokenizer) -> None:
-    """A SentencePiece-style vocabulary of byte tokens <0xXX> plus the special tokens; tests feed ids."""
+def _add_bpe_vocab(w: gguf.GGUFWriter, cfg: KimiLinearConfig, tokenizer: Tokenizer) -> None:
+    """GPT-2-style BPE tokens and merges, the special tokens as control tokens, unused ids padded."""
+    ranks = tokenizer.ranks
+    spell = _gpt2_byte_spelling()
     tokens = [f"[PAD{i}]" for i in range(cfg.vocab_size)]
     types = [gguf.TokenType.UNUSED] * cfg.vocab_size
-    for b in range(256):
-        tokens[b], types[b] = f"<0x{b:02X}>", gguf.TokenType.BYTE
+    for token, rank in ranks.items():
+        tokens[rank], types[rank] = "".join(spell[b] for b in token), gguf.TokenType.NORMAL
     for text, i in tokenizer.special_tokens.items():
         if i < cfg.vocab_size:
             tokens[i], types[i] = text, gguf.TokenType.CONTROL
-    w.add_tokenizer_model("llama")
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        if len(token) > 1:
+            parts = _tiktoken_split(ranks, token, rank)
+            if len(parts) == 2:  # otherwise tiktoken never produces this token either
+                merges.append(" ".join("".join(spell[b] for b in part) for part in parts))
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("kimi-k2")
     w.add_token_list(tokens)
-    w.add_token_scores([0.0] * cfg.vocab_size)
     w.add_token_types(types)
+    w.add_token_merges(merges)
     w.add_bos_token_id(tokenizer.bos_id)
     w.add_eos_token_id(cfg.eos_token_id if cfg.eos_token_id is not None else tokenizer.eos_id)
     w.add_unk_token_id(tokenizer.token_id("[UNK]"))
+    w.add_pad_token_id(tokenizer.token_id("[PAD]"))
     w.add_add_bos_token(False)
     w.add_add_eos_token(False)
+
+
+def _gpt2_byte_spelling() -> list[str]:
+    """GPT-2's byte-to-unicode table: printable bytes stand for themselves, the rest map above 255."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), 256)]
+    spelling, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            spelling[b] = chr(b)
+        else:
+            spelling[b] = chr(256 + extra)
+            extra += 1
+    return [spelling[b] for b in range(256)]
+
+
+def _tiktoken_split(ranks: dict[bytes, int], token: bytes, max_rank: int) -> list[bytes]:
+    """The parts tiktoken reaches for `token` using only ranks below its own (convert_hf_to_gguf's `bpe`)."""
+    parts = [bytes([b]) for b in token]
+    while True:
+        best = None
+        for i in range(len(parts) - 1):
+            rank = ranks.get(parts[i] + parts[i + 1])
+            if rank is not None and rank < max_rank and (best is None or rank < best[1]):
+                best = (i, rank)
+        if best is None:
+            return parts
+        i = best[0]
+        parts[i : i + 2] = [parts[i] + parts[i + 1]]
 
 
 def export_gguf(
@@ -209,7 +251,7 @@ def export_gguf(
 
     writer = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.KIMI_LINEAR])
     _add_metadata(writer, cfg, Path(checkpoint_dir).name, dtype)
-    _add_byte_level_vocab(writer, cfg, tokenizer)
+    _add_bpe_vocab(writer, cfg, tokenizer)
     for entry in entries:  # shapes first, from meta tensors: nothing is read yet
         meta = [torch.empty(checkpoint.specs[s].shape, device="meta") for s in entry.sources]
         shape = tuple(entry.convert(*meta).shape)
@@ -242,7 +284,7 @@ def export_gguf(
     help="Storage type of the matrices (norms, router, decay parameters and convolutions stay F32).",
 )
 def export_gguf_command(checkpoint: Path, out: Path, dtype: str) -> None:
-    """Export CHECKPOINT (a synthetic checkpoint directory) to a llama.cpp GGUF file (arch kimi-linear)."""
+    """Export CHECKPOINT (a synthetic or trained checkpoint directory) to a llama.cpp GGUF file (arch kimi-linear)."""
     try:
         export_gguf(checkpoint, out, dtype=dtype, progress=True)
     except ExportError as e:

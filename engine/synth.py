@@ -28,7 +28,7 @@ from engine.model.checkpoint_spec import TensorSpec, checkpoint_tensors
 from engine.model.config import KimiLinearConfig
 from engine.model.loading import INDEX_FILE, SYNTHETIC_MARKER, parameter_for
 from engine.model.presets import PRESETS
-from engine.model.tokenizer import write_byte_level_tokenizer
+from engine.model.synthetic_tokenizer import write_synthetic_tokenizer
 from engine.progress import progress_bar
 
 MAX_SHARD_BYTES = 4 << 30
@@ -107,7 +107,7 @@ def write_checkpoint(
     max_shard_bytes: int | None = None,
     progress: bool = False,
 ) -> Path:
-    """Write config, sharded safetensors + index, the byte-level tokenizer and `extra_files` (name -> text)
+    """Write config, sharded safetensors + index, the synthetic BPE tokenizer and `extra_files` (name -> text)
     into `out`; `tensor_of(spec)` gives each tensor in its checkpoint dtype. Holds at most one shard in
     memory. Used for synthetic (`kimi-engine synth`) and trained (`kimi-engine train`) checkpoints."""
     out = Path(out)
@@ -129,7 +129,7 @@ def write_checkpoint(
             save_file(tensors, str(out / file_name), metadata={"format": "pt"})
             del tensors
     (out / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2) + "\n")
-    write_byte_level_tokenizer(out)
+    write_synthetic_tokenizer(out, config.bos_token_id or 256)
     for name, text in extra_files.items():
         (out / name).write_text(text)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}

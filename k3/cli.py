@@ -631,6 +631,18 @@ async def _doctor(
         engine = await upstream.engine_name()
         if engine:
             click.echo(f"  ok    GET /version: {engine}")
+        context = await _max_context(upstream, config.model)
+        if context is not None:
+            short = context < CLAUDE_CODE_CONTEXT
+            click.echo(
+                f"  {'WARN' if short else 'ok  '}  max context {context} tokens"
+                + (
+                    f": Claude Code's first request (25 tools) may not fit; restart the engine with "
+                    f"--max-context {CLAUDE_CODE_CONTEXT}"
+                    if short
+                    else ""
+                )
+            )
         messages = [{"role": "user", "content": "Say OK."}]
         count = await upstream.count_tokens({"model": config.model, "messages": messages})
         tokenizer = (
@@ -642,6 +654,28 @@ async def _doctor(
     finally:
         await upstream.aclose()
     return ok, engine
+
+
+# Context that holds Claude Code's first request (system prompt and 25 tools) with room for the reply, in
+# kimi-engine's synthetic and trained models' tokens (kimi-engine serve's default --max-context).
+CLAUDE_CODE_CONTEXT = 65536
+
+
+async def _max_context(upstream: Any, model: str) -> int | None:
+    """`max_model_len` of the model in GET /models (vLLM and kimi-engine list it), else None."""
+    try:
+        response = await upstream.client.get(upstream.base + "/models", timeout=10.0)
+        entries = response.json().get("data", []) if response.status_code == 200 else []
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    for entry in entries:
+        if (
+            isinstance(entry, dict)
+            and entry.get("id") == model
+            and isinstance(entry.get("max_model_len"), int)
+        ):
+            return entry["max_model_len"]
+    return None
 
 
 async def _probe_stream(upstream: Any, model: str, messages: list[dict[str, Any]]) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from engine.model.config import KimiLinearConfig
+from engine.model.synthetic_tokenizer import special_base
 
 # Special-token ids of the real tokenizer: 163,584 byte-pair tokens, then 256 reserved special tokens.
 _REAL_SPECIAL_BASE = 163_584
@@ -52,12 +53,11 @@ FULL = _config(
     rms_norm_eps=1e-5,
 )
 
-# Synthetic checkpoints use a byte-level tokenizer: 256 byte tokens, then 256 special tokens.
-_SYNTH_SPECIAL_BASE = 256
-
+# Synthetic checkpoints use the BPE trained here (engine/model/synthetic_tokenizer.py): as many ranks as the
+# vocabulary leaves after 256 special tokens (at most its trained 16,128), then the special tokens.
 TINY = _config(
-    512,
-    _SYNTH_SPECIAL_BASE,
+    4096,
+    special_base(4096),
     hidden_size=128,
     num_hidden_layers=4,  # KDA, KDA, KDA, MLA: the real relative pattern
     intermediate_size=256,
@@ -82,7 +82,7 @@ TINY = _config(
 
 SMALL = _config(
     16_384,
-    _SYNTH_SPECIAL_BASE,
+    special_base(16_384),
     hidden_size=512,
     num_hidden_layers=8,  # MLA at one-based 4 and 8
     intermediate_size=2048,
@@ -109,9 +109,9 @@ SMALL = _config(
 # KDA, MLA; layer 0 dense) and 32 experts top-8: per-op sizes and overhead look like the real model's.
 WIDE = dataclasses.replace(
     FULL,
-    bos_token_id=_SYNTH_SPECIAL_BASE,  # the synthetic byte-level tokenizer's special ids, as _config sets
-    eos_token_id=_SYNTH_SPECIAL_BASE + 2,
-    pad_token_id=_SYNTH_SPECIAL_BASE + 255,
+    bos_token_id=special_base(FULL.vocab_size),  # the synthetic tokenizer's special ids, as _config sets
+    eos_token_id=special_base(FULL.vocab_size) + 2,
+    pad_token_id=special_base(FULL.vocab_size) + 255,
     num_hidden_layers=4,
     full_attn_layers=_mla_every_fourth(4),
     num_experts=32,

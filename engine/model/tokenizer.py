@@ -1,14 +1,13 @@
 """The checkpoint's tokenizer: a tiktoken BPE (`tiktoken.model`) plus special tokens (`tokenizer_config.json`).
 
-Real checkpoints ship Moonshot's 163,584-token BPE; synthetic checkpoints ship a byte-level file written by
-`write_byte_level_tokenizer` (256 byte tokens, no merges) with the same special-token layout, so one class
-serves both. Special tokens occupy the 256 ids after the BPE ranks; ids named in `added_tokens_decoder`
+Real checkpoints ship Moonshot's 163,584-token BPE; synthetic and trained checkpoints ship a smaller BPE
+trained here (engine/model/synthetic_tokenizer.py) with the same pattern and special-token layout, so one
+class serves both. Special tokens occupy the 256 ids after the BPE ranks; ids named in `added_tokens_decoder`
 get those names, the rest are `<|reserved_token_{id}|>` (as in Moonshot's tokenization_kimi.py).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 from pathlib import Path
 
@@ -104,9 +103,9 @@ class Tokenizer:
         return self.encoding.n_vocab
 
     @property
-    def is_byte_level(self) -> bool:
-        """True for the synthetic tokenizer: exactly the 256 single-byte tokens, no merges."""
-        return len(self._ranks) == 256 and all(self._ranks.get(bytes([b])) == b for b in range(256))
+    def ranks(self) -> dict[bytes, int]:
+        """The BPE ranks (token bytes -> id), without the special tokens."""
+        return dict(self._ranks)
 
     def token_id(self, special: str) -> int:
         try:
@@ -130,26 +129,6 @@ class Tokenizer:
     def decode_bytes(self, ids: list[int]) -> bytes:
         """Raw bytes, for incremental detokenisation (a UTF-8 character may span tokens)."""
         return self.encoding.decode_bytes(ids)
-
-
-def write_byte_level_tokenizer(path: str | Path) -> None:
-    """Write the synthetic tokenizer (`tiktoken.model` + `tokenizer_config.json`) into a checkpoint dir."""
-    path = Path(path)
-    lines = [f"{base64.b64encode(bytes([b])).decode()} {b}" for b in range(256)]
-    (path / TIKTOKEN_FILE).write_text("\n".join(lines) + "\n")
-    decoder = {
-        str(256 + off): {"content": name, "special": True} for off, name in SYNTHETIC_SPECIAL_TOKENS.items()
-    }
-    config = {
-        "tokenizer_class": "TikTokenTokenizer",
-        "bos_token": "[BOS]",
-        "eos_token": "[EOS]",
-        "unk_token": "[UNK]",
-        "pad_token": "[PAD]",
-        "added_tokens_decoder": decoder,
-        "model_max_length": 1048576,
-    }
-    (path / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
 
 def _content(token: str | dict) -> str:

@@ -16,7 +16,6 @@ sizes), and `ModelSource.load(device, dtype)` then materialises it:
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,8 @@ import torch
 from engine.model import Checkpoint, KimiLinearConfig, KimiLinearForCausalLM, Tokenizer, load_model
 from engine.model.loading import SYNTHETIC_MARKER
 from engine.model.presets import PRESETS
-from engine.model.tokenizer import CONFIG_FILE, write_byte_level_tokenizer
+from engine.model.synthetic_tokenizer import synthetic_tokenizer
+from engine.model.tokenizer import CONFIG_FILE
 from engine.progress import no_progress, stderr_progress
 from engine.quant import (
     PLANS,
@@ -108,9 +108,7 @@ class ModelSource:
     def tokenizer(self) -> Tokenizer:
         if self.directory is not None:
             return Tokenizer.from_dir(self.directory)
-        with tempfile.TemporaryDirectory() as tmp:  # the synthetic byte-level tokenizer, one source of truth
-            write_byte_level_tokenizer(tmp)
-            return Tokenizer.from_dir(tmp)
+        return synthetic_tokenizer(self.config.bos_token_id or 256)  # what synth writes for this config
 
     def chat_template(self) -> str | None:
         """The weights' Jinja chat template (`chat_template.jinja`, or `chat_template` in

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from engine.runtime.engine import Engine, EngineBusy, Sequence
 from engine.runtime.sampling import Sampler
 
 log = logging.getLogger(__name__)
+PREFILL_LOG_EVERY_CHUNKS = 4
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class _Active:
     handle: Handle
     seq: Sequence
     sampler: Sampler
+    prefill: PrefillProgress
     joined: bool = False  # decoding in the batch (else prefilling, or waiting for a row)
 
 
@@ -106,6 +109,31 @@ class StepRecord:
 
     prefill_tokens: int
     decoded: int
+
+
+class PrefillProgress:
+    """Logs a long prompt's prefill every `every` chunks and at its end: tokens done of total, tok/s and the
+    time left, so a user waiting minutes on a CPU sees it move. Prompts of at most `every` chunks log nothing."""
+
+    def __init__(self, seq: Sequence, chunk: int, every: int = PREFILL_LOG_EVERY_CHUNKS):
+        self.total = seq.prompt_len
+        self.start_done = seq.prompt_len - seq.pending.shape[1]  # restored from the prefix cache
+        self.every, self.chunks = every, 0
+        self.enabled = seq.pending.shape[1] > every * chunk
+        self.started = time.monotonic()
+
+    def step(self, seq: Sequence) -> None:
+        self.chunks += 1
+        if not self.enabled or (self.chunks % self.every and not seq.prefilled):
+            return
+        done = self.total - seq.pending.shape[1]
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        rate = (done - self.start_done) / elapsed
+        left = f", about {(self.total - done) / rate:.0f} s left" if not seq.prefilled and rate else ""
+        log.info(
+            "prefill %d/%d tokens (%.0f%%) at %.0f tok/s%s",
+            done, self.total, 100 * done / self.total, rate, left,
+        )  # fmt: skip
 
 
 class Scheduler:
@@ -244,8 +272,9 @@ class Scheduler:
             return True
         self._pop(handle)
         sampler = Sampler(request.params, self.engine.device, request.logits_processor)
+        progress = PrefillProgress(seq, self.engine.plan.prefill_chunk)
         with self._cond:
-            self._active.append(_Active(handle, seq, sampler))
+            self._active.append(_Active(handle, seq, sampler, progress))
         _emit(handle, Started(seq.cached_tokens))
         return True
 
@@ -281,6 +310,8 @@ class Scheduler:
             n = min(budget, seq.pending.shape[1])
             budget -= n
             done = self._guarded(active, lambda seq=seq, n=n: self.engine.prefill_step(seq, n))
+            if isinstance(done, bool):
+                active.prefill.step(seq)
             if done is True:
                 token = self._guarded(active, lambda a=active: self.engine.next_token(a.seq, a.sampler)[0])
                 if isinstance(token, int):

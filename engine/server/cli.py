@@ -63,9 +63,10 @@ from engine.runtime.kda_kernels import KDA_KERNELS
 @click.option(
     "--max-context",
     type=click.IntRange(min=2),
-    default=32768,
+    default=65536,
     show_default=True,
-    help="Longest sequence (prompt + output); refused at start-up if it cannot fit under the cap.",
+    help="Longest sequence (prompt + output); refused at start-up if it cannot fit under the cap. The "
+    "default holds Claude Code's first request (25 tools) in the synthetic and trained models' tokens.",
 )
 @prefill_chunk_option
 @click.option(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import platform
 import shutil
@@ -15,7 +16,9 @@ import click
 import torch
 
 from engine.model.loading import INDEX_FILE, TRAINING_RECORD, parameter_for
-from engine.model.tokenizer import Tokenizer, write_byte_level_tokenizer
+from engine.model.presets import PRESETS
+from engine.model.synthetic_tokenizer import write_synthetic_tokenizer
+from engine.model.tokenizer import TIKTOKEN_FILE, Tokenizer
 from engine.progress import progress_bar
 from engine.runtime.loader import CHAT_TEMPLATE_FILE
 from engine.server.chat_template import SYNTHETIC_CHAT_TEMPLATE
@@ -33,10 +36,12 @@ def trained_checkpoint(
 ) -> tuple[Path, bool]:
     """The cached checkpoint of `recipe` (path, True), or train, write and cache it (path, False)."""
     with tempfile.TemporaryDirectory() as tmp:
-        write_byte_level_tokenizer(tmp)  # the tokenizer every synthetic and trained checkpoint ships
+        # the tokenizer the preset's synthetic checkpoints ship (write_checkpoint writes it again)
+        write_synthetic_tokenizer(tmp, PRESETS[recipe.preset].bos_token_id)
         tokenizer = Tokenizer.from_dir(tmp)
+        tokenizer_sha = hashlib.sha256((Path(tmp) / TIKTOKEN_FILE).read_bytes()).hexdigest()
         corpus = build_corpus(Path(tmp), cache_dir, corpus_root)
-    target = cache_dir / f"{recipe.preset}-{recipe.key(corpus.sha256)}"
+    target = cache_dir / f"{recipe.preset}-{recipe.key(corpus.sha256, tokenizer_sha)}"
     if (target / INDEX_FILE).exists() and (target / TRAINING_RECORD).exists():
         return target, True
     shutil.rmtree(target, ignore_errors=True)
@@ -146,7 +151,8 @@ def train_command(
     """Train a Kimi-Linear of the given size on the Python standard library's source (next-token loss).
 
     The corpus is the running interpreter's stdlib .py files (sorted; 1 in 20 held out by a hash of the
-    path), byte-level tokenised like synthetic checkpoints. The model is the engine's own modules
+    path), tokenised with the BPE the preset's synthetic checkpoints ship (trained here on the same
+    files' training split, cached). The model is the engine's own modules
     (chunked KDA, MLA, MoE with the router's correction bias balanced the auxiliary-loss-free way); AdamW,
     warm-up + cosine schedule, gradient clipping. The checkpoint has the real layout plus training.json
     (corpus sha256, steps, tokens, wall time, loss curve, held-out perplexity and bits per byte) and

@@ -59,9 +59,14 @@ class Recipe:
     bias_update_rate: float = 1e-3
     eval_tokens: int = 32_768
 
-    def key(self, corpus_sha256: str) -> str:
+    def key(self, corpus_sha256: str, tokenizer_sha256: str) -> str:
         blob = json.dumps(
-            {"recipe": dataclasses.asdict(self), "corpus": corpus_sha256, "trainer": TRAINER_VERSION},
+            {
+                "recipe": dataclasses.asdict(self),
+                "corpus": corpus_sha256,
+                "tokenizer": tokenizer_sha256,
+                "trainer": TRAINER_VERSION,
+            },
             sort_keys=True,
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]

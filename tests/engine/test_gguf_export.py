@@ -67,14 +67,15 @@ def test_tensors_are_converted_as_llamacpp_expects(exported, tiny_dir):
     assert len(tensors) == n_expected
 
 
-def test_real_tokenizer_is_refused(tiny_dir, tmp_path):
-    import base64
+def test_a_tokenizer_larger_than_the_model_is_refused(tiny_dir, tmp_path):
+    """A tokenizer whose ranks outgrow the model's ids (as a real checkpoint's would a tiny config) is
+    refused with the pointer to llama.cpp's own converter."""
     import shutil
 
+    from engine.model.presets import SMALL
+    from engine.model.synthetic_tokenizer import write_synthetic_tokenizer
+
     ckpt = shutil.copytree(tiny_dir, tmp_path / "ckpt")
-    ranks = [bytes([1]), bytes([0])] + [bytes([b]) for b in range(2, 256)]  # same size, not byte-identity
-    (ckpt / "tiktoken.model").write_text(
-        "".join(f"{base64.b64encode(t).decode()} {i}\n" for i, t in enumerate(ranks))
-    )
+    write_synthetic_tokenizer(ckpt, SMALL.bos_token_id)
     with pytest.raises(ExportError, match="convert_hf_to_gguf"):
         export_gguf(ckpt, tmp_path / "x.gguf")

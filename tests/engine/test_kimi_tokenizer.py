@@ -1,4 +1,4 @@
-"""The tiktoken-based tokenizer: the synthetic byte-level file, and a real-style BPE file with merges."""
+"""The tiktoken-based tokenizer: the synthetic BPE file (trained here), and a real-style BPE file with merges."""
 
 from __future__ import annotations
 
@@ -16,23 +16,25 @@ def synthetic(tiny_dir):
     return Tokenizer.from_dir(tiny_dir)
 
 
-def test_byte_level_round_trip(synthetic):
+def test_bpe_round_trip(synthetic):
     text = "def f(x):\n    return x * 2  # café 世界 🙂"
     ids = synthetic.encode(text)
-    assert ids == list(text.encode())  # byte-level: one id per UTF-8 byte
+    code = "    def __init__(self, name):\n        return self.name"
+    assert len(synthetic.encode(code)) < len(code) / 3  # merges: far fewer ids than bytes
     assert synthetic.decode(ids) == text
-    assert synthetic.is_byte_level
 
 
 def test_special_tokens_match_the_model_config(synthetic, tiny_model):
     cfg = tiny_model.config
-    assert synthetic.bos_id == cfg.bos_token_id == 256
+    assert synthetic.bos_id == cfg.bos_token_id == cfg.vocab_size - 256  # special tokens after the ranks
     assert synthetic.token_id("<|im_end|>") == cfg.eos_token_id
     assert synthetic.token_id("[PAD]") == cfg.pad_token_id
     assert synthetic.eos_id == synthetic.token_id("[EOS]")
     ids = synthetic.encode("<|im_user|>hi<|im_end|>")
-    assert ids == [synthetic.token_id("<|im_user|>"), 104, 105, synthetic.token_id("<|im_end|>")]
-    assert synthetic.encode("<|im_end|>", allow_special=False) == list(b"<|im_end|>")
+    assert ids[0] == synthetic.token_id("<|im_user|>") and ids[-1] == synthetic.token_id("<|im_end|>")
+    assert synthetic.decode(ids[1:-1]) == "hi"
+    as_text = synthetic.encode("<|im_end|>", allow_special=False)
+    assert synthetic.decode(as_text) == "<|im_end|>" and max(as_text) < cfg.bos_token_id
     assert synthetic.decode(ids) == "<|im_user|>hi<|im_end|>"
     assert synthetic.token_id("<think>") != synthetic.token_id("</think>")
     with pytest.raises(TokenizerError, match="not a special token"):
@@ -40,8 +42,9 @@ def test_special_tokens_match_the_model_config(synthetic, tiny_model):
 
 
 def test_incremental_bytes_for_streaming(synthetic):
-    ids = synthetic.encode("é")
-    assert len(ids) == 2 and synthetic.decode_bytes(ids[:1]) + synthetic.decode_bytes(ids[1:]) == "é".encode()
+    ids = synthetic.encode("🙂")  # rare in the corpus: split across byte tokens
+    assert len(ids) > 1
+    assert b"".join(synthetic.decode_bytes([i]) for i in ids) == "🙂".encode()
 
 
 def test_real_style_tiktoken_file_with_merges(tmp_path):
@@ -59,7 +62,6 @@ def test_real_style_tiktoken_file_with_merges(tmp_path):
     }
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     tok = Tokenizer.from_dir(tmp_path)
-    assert not tok.is_byte_level
     assert tok.encode("hello world") == [ranks.index(b"hello"), ranks.index(b" wor"), *b"ld"]
     assert tok.decode(tok.encode("hello world")) == "hello world"
     assert tok.bos_id == base and tok.eos_id == base + 2

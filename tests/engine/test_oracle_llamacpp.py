@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine.gguf_export import export_gguf
-from engine.model import SamplingParams, generate
+from engine.model import SamplingParams, Tokenizer, generate
 
 pytestmark = pytest.mark.oracle
 
@@ -56,8 +56,9 @@ def test_prefill_and_decode_logits_match_llamacpp(llama, tiny_model, rng):
     np.testing.assert_allclose(theirs[68:80], np.stack(ours_decode), atol=ATOL, rtol=0)
 
 
-def test_greedy_tokens_identical(llama, tiny_model):
-    prompt = [256, 84, 104, 101, 32, 99, 97, 116]  # [BOS] "The cat"
+def test_greedy_tokens_identical(llama, tiny_model, tiny_dir):
+    tokenizer = Tokenizer.from_dir(tiny_dir)
+    prompt = [tokenizer.bos_id, *tokenizer.encode("The cat")]
     ours = generate(tiny_model, prompt, SamplingParams(max_tokens=24)).token_ids
     llama.reset()
     llama.eval(prompt)
@@ -84,3 +85,21 @@ def test_f16_export_runs_in_llamacpp(tiny_dir, tiny_model, tmp_path, rng):
     theirs = np.array(model.scores[:30])
     model.close()
     np.testing.assert_allclose(theirs, tiny_model(tokens)[0].numpy(), atol=0.05, rtol=0)
+
+
+TEXTS = [
+    "def __init__(self, name):\n    self.name = name  # the user's name\n\n",
+    'tools: [{"type": "function", "name": "Bash", "description": "Runs a command.\\n"}]',
+    "  Mixed   CASE words, don't we'll 12345 3.14159\r\n\ttabs\u00a0and\u2003spaces café 世界 🙂 naïve ÆØÅ",
+    "<|im_user|>user<|im_middle|>hi<|im_end|>",
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_llamacpp_tokenises_like_the_engine(llama, tiny_dir, text):
+    """The exported GPT-2-style BPE with the kimi-k2 pre-tokenizer gives the engine's own ids, so text
+    (not only ids) can be fed to llama.cpp's tools; special tokens are recognised as such."""
+    tokenizer = Tokenizer.from_dir(tiny_dir)
+    theirs = llama.tokenize(text.encode(), add_bos=False, special=True)
+    assert theirs == tokenizer.encode(text)
+    assert llama.detokenize(theirs, special=True).decode() == text

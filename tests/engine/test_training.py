@@ -171,12 +171,13 @@ def test_cli_trains_copies_and_refuses_a_non_empty_out(corpus_dir, tmp_path):
 
 
 def test_recipe_key_changes_with_every_field():
-    base = QUICK.key("c" * 64)
-    assert QUICK.key("d" * 64) != base
+    base = QUICK.key("c" * 64, "t" * 64)
+    assert QUICK.key("d" * 64, "t" * 64) != base
+    assert QUICK.key("c" * 64, "u" * 64) != base  # a new tokenizer retrains cached models
     for field in dataclasses.fields(Recipe):
         value = getattr(QUICK, field.name)
         changed = (value or 0) + 1 if not isinstance(value, str) else value + "x"
-        assert dataclasses.replace(QUICK, **{field.name: changed}).key("c" * 64) != base, field.name
+        assert dataclasses.replace(QUICK, **{field.name: changed}).key("c" * 64, "t" * 64) != base, field.name
 
 
 def test_a_minutes_budget_stops_on_the_clock(corpus_dir, tmp_path):

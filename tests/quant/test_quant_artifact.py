@@ -16,7 +16,7 @@ from engine.quant.manifest import ArtifactError, read_manifest, sha256_file, sha
 from engine.quant.plan import PlanError, make_plan
 from engine.quant.source import SourceCheckpoint
 from engine.quant.verify import verify_artifact
-from tests.quant.tiny_checkpoint import write_checkpoint
+from tests.quant.tiny_checkpoint import TINY, write_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
 SHARD_BYTES = 150_000
@@ -180,7 +180,7 @@ def test_group_64_and_int8_head(tiny_checkpoint, tmp_path):
     build_artifact(tiny_checkpoint, tmp_path / "a", plan, max_shard_bytes=SHARD_BYTES)
     art = Artifact.open(tmp_path / "a")
     head = art.linear("lm_head.weight")
-    assert head.format == "int8" and head.scales.shape == (512, 2)
+    assert head.format == "int8" and head.scales.shape == (TINY.vocab_size, TINY.hidden_size // 64)
     with SourceCheckpoint(tiny_checkpoint) as source:
         error = (dequantize(head) - source.tensor("lm_head.weight").float()).abs().max()
     assert 0 < error < 0.01

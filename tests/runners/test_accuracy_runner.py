@@ -149,7 +149,7 @@ def test_a_checkpoint_and_a_text_file_can_replace_the_synthetic_defaults(tmp_pat
     short = tmp_path / "short.txt"
     short.write_text("too short")
     result = CliRunner().invoke(main, [*args, "--text", str(short)])
-    assert result.exit_code == 2 and "the text has 9 tokens" in result.output
+    assert result.exit_code == 2 and "the text has 2 tokens; 2 sequences of 16 need 32" in result.output
 
 
 def test_a_trained_checkpoint_is_measured_on_its_heldout_text_and_labelled_trained(trained_tiny, tmp_path):

@@ -162,3 +162,39 @@ def test_a_failing_admission_releases_its_reservation_and_serving_goes_on(
     scheduler.submit(Request(random_prompt(rng, 10), SamplingParams(max_tokens=3)), out.sink_for("good"))
     out.wait("good")
     assert isinstance(out.last("good"), Finished)
+
+
+def test_long_prefill_logs_progress(caplog, rng):
+    """A prompt of more than PREFILL_LOG_EVERY_CHUNKS chunks logs tokens done/total, tok/s and the time
+    left every that many chunks and once at the end; a short one logs nothing."""
+    from engine.runtime import Engine
+    from engine.runtime.scheduler import PREFILL_LOG_EVERY_CHUNKS
+
+    chunk = 8
+    eng = Engine.load(
+        synthetic="tiny", device="cpu", max_context=512, prefill_chunk=chunk, prefix_cache_gib=0
+    )
+    s = Scheduler(eng, max_active=1, max_queue=1)
+    s.start()
+    try:
+        n_chunks = 2 * PREFILL_LOG_EVERY_CHUNKS + 1
+        with caplog.at_level("INFO", logger="engine.runtime.scheduler"):
+            for label, length in (
+                ("short", chunk * PREFILL_LOG_EVERY_CHUNKS),
+                ("long", chunk * n_chunks - 3),
+            ):
+                caplog.clear()
+                c = Collector()
+                s.submit(Request(random_prompt(rng, length), SamplingParams(max_tokens=1)), c.sink_for(label))
+                c.wait(label)
+                lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("prefill ")]
+                if label == "short":
+                    assert lines == []
+        total = chunk * n_chunks - 3
+        assert len(lines) == 3, lines
+        every = chunk * PREFILL_LOG_EVERY_CHUNKS
+        assert lines[0].startswith(f"prefill {every}/{total} tokens") and "tok/s, about" in lines[0]
+        assert lines[1].startswith(f"prefill {2 * every}/{total} tokens")
+        assert lines[-1].startswith(f"prefill {total}/{total} tokens (100%)") and "left" not in lines[-1]
+    finally:
+        s.stop()

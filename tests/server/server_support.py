@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import queue
 import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -107,3 +110,25 @@ class CliProcess:
 
     def stop(self) -> int:
         return stop(self.proc, TIMEOUT_S)
+
+
+@contextmanager
+def engine_and_k3(
+    script: list[tuple[str, str]], script_dir: Path, *k3_args: str
+) -> Iterator[tuple[str, str, CliProcess]]:
+    """`kimi-engine serve --synthetic tiny` with scripted replies (match, reply), and `k3 serve` in front
+    of it with `k3_args`: (engine URL, k3 URL, the engine's process); both stopped on exit."""
+    path = script_dir / "replies.json"
+    path.write_text(json.dumps([{"match": m, "reply": r} for m, r in script]))
+    engine = CliProcess(
+        "engine", "serve", "--synthetic", "tiny", "--port", "0", "--scripted-replies", str(path)
+    )
+    k3 = None
+    try:
+        engine_url = engine.url()
+        k3 = CliProcess("k3", "serve", "--upstream", engine_url + "/v1", "--port", "0", *k3_args)
+        yield engine_url, k3.url(), engine
+    finally:
+        if k3 is not None:
+            k3.stop()
+        engine.stop()

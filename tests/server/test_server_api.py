@@ -122,7 +122,7 @@ def test_tokenize_counts_the_templated_prompt(server, http):
     assert counted["tokens"] == context.engine.tokenizer.encode(text)
     assert counted["count"] == len(counted["tokens"]) and counted["max_model_len"] == 2048
     plain = http.post("/tokenize", json={"prompt": "abc"}).json()
-    assert plain["tokens"] == [97, 98, 99]
+    assert plain["tokens"] == context.engine.tokenizer.encode("abc") and plain["count"] < 3  # merged
     assert http.post("/tokenize", json={"nothing": 1}).status_code == 400
 
 

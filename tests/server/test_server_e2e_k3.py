@@ -10,11 +10,9 @@ translation to and from Anthropic Messages.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from tests.server.server_support import SCRIPT, CliProcess
+from tests.server.server_support import SCRIPT, engine_and_k3
 
 TOOLS = [
     {
@@ -27,22 +25,8 @@ TOOLS = [
 
 @pytest.fixture(scope="module")
 def k3_url(tmp_path_factory):
-    script = tmp_path_factory.mktemp("script") / "replies.json"
-    script.write_text(json.dumps([{"match": m, "reply": r} for m, r in SCRIPT]))
-    engine = CliProcess(
-        "engine", "serve", "--synthetic", "tiny", "--port", "0", "--scripted-replies", str(script)
-    )
-    k3 = None
-    try:
-        engine_url = engine.url()
-        k3 = CliProcess(
-            "k3", "serve", "--upstream", engine_url + "/v1", "--port", "0", "--tool-parser", "hermes"
-        )
-        yield k3.url()
-    finally:
-        if k3 is not None:
-            k3.stop()
-        engine.stop()
+    with engine_and_k3(SCRIPT, tmp_path_factory.mktemp("script"), "--tool-parser", "hermes") as (_, url, _):
+        yield url
 
 
 def test_anthropic_sdk_tool_round_trip_through_k3(k3_url):
