@@ -44,12 +44,21 @@ def kda_recurrent_step(
     state: torch.Tensor,
 ) -> torch.Tensor:
     """One token. q, k [B, H, d_k] (normalised, q already scaled), v [B, H, d_v], g [B, H, d_k],
-    beta [B, H]; state [B, H, d_k, d_v] FP32, updated in place. Returns o [B, H, d_v]."""
-    state.mul_(g.exp().unsqueeze(-1))
-    prediction = (k.unsqueeze(-2) @ state).squeeze(-2)
+    beta [B, H]; state [B, H, d_k, d_v] FP32, updated in place. Returns o [B, H, d_v].
+
+    Both products read the old state, so it is read once and written once: with d = exp(g),
+        prediction = S'^T k = S^T (d k),   S'^T q = S^T (d q),   delta = beta (v - prediction),
+        o = S_new^T q = S'^T q + (k . q) delta,   S_new = d S + k delta^T.
+    The reductions are written as broadcast products summed over d_k (not matmuls), so that Inductor fuses
+    each into one pass over the state and the update into one in-place pass (a matmul after the in-place
+    update made it copy the state to a transposed buffer and reduce column by column)."""
+    decay = g.exp().unsqueeze(-1)  # [B, H, d_k, 1]
+    prediction = (state * (decay * k.unsqueeze(-1))).sum(-2)
+    recalled = (state * (decay * q.unsqueeze(-1))).sum(-2)
     delta = beta.unsqueeze(-1) * (v - prediction)
-    state.add_(k.unsqueeze(-1) * delta.unsqueeze(-2))
-    return (q.unsqueeze(-2) @ state).squeeze(-2)
+    out = recalled + (k * q).sum(-1, keepdim=True) * delta
+    state.mul_(decay).add_(k.unsqueeze(-1) * delta.unsqueeze(-2))
+    return out
 
 
 def kda_chunked(
@@ -152,10 +161,23 @@ class ShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
         """x [B, T, D]; window [B, D, K-1] holds the previous K-1 inputs and is updated in place."""
+        if x.shape[1] == 1:
+            return self.step(x, window)
         seq = torch.cat([window.to(x.dtype), x.transpose(1, 2)], dim=-1)
         window.copy_(seq[..., seq.shape[-1] - window.shape[-1] :])
         y = F.conv1d(seq, self.weight.to(x.dtype), groups=seq.shape[1])
         return F.silu(y).transpose(1, 2)
+
+    def step(self, x: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
+        """`forward` for one token x [B, 1, D]: the K-tap weighted sum of the window and x, accumulated in
+        FP32 and rounded once as conv1d does, then the window rolls by one. A convolution call per token
+        costs more than the arithmetic; this is elementwise work a compiler fuses with its neighbours."""
+        taps = self.weight[:, 0].float()  # [D, K]
+        current = x[:, 0]  # [B, D]
+        y = (window.float() * taps[:, :-1]).sum(-1) + current.float() * taps[:, -1]
+        if window.shape[-1]:
+            window.copy_(torch.cat([window[..., 1:], current.unsqueeze(-1).to(window.dtype)], dim=-1))
+        return F.silu(y.to(x.dtype)).unsqueeze(1)
 
 
 class KimiDeltaAttention(nn.Module):
