@@ -16,12 +16,13 @@ from torch import nn
 
 from engine.model.cache import KDAState
 from engine.model.config import KimiLinearConfig
-from engine.model.linear import Linear
+from engine.model.linear import Linear, SharedInputLinears
 from engine.model.norm import GatedRMSNorm
 
 CHUNK_SIZE = 64
 SUB_CHUNK = 16  # inside a chunk, decays are formed element by element only within blocks this long
 _GROUP_ELEMENTS = 1 << 26  # bound on the largest temporary of the batched (state-independent) phase
+_INPUT_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "f_a_proj", "b_proj", "g_a_proj")  # all read x
 
 
 def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -204,6 +205,17 @@ class KimiDeltaAttention(nn.Module):
         # The prefill (several tokens) kernel, same signature as `kda_chunked`; a runtime may swap in a
         # GPU variant (fla's chunk_kda) for this module.
         self.chunked_kernel = kda_chunked
+        self._input_projections: SharedInputLinears | None = None
+
+    def fuse_input_projections(self) -> None:
+        """Run the six projections of the layer input as one GEMM (those that are plain `Linear`s; a runtime
+        calls this at load). Weights must not change after."""
+        self._input_projections = SharedInputLinears(self, _INPUT_PROJECTIONS)
+
+    def _project_input(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self._input_projections is not None:
+            return self._input_projections(self, x)
+        return {name: getattr(self, name)(x) for name in _INPUT_PROJECTIONS}
 
     def forward(self, x: torch.Tensor, state: KDAState | None) -> torch.Tensor:
         """x [B, T, hidden]. With a state, continue from it and update it; without, start from zeros.
@@ -216,11 +228,12 @@ class KimiDeltaAttention(nn.Module):
             recurrent = x.new_zeros(batch, nh, cfg.kda_head_dim, cfg.kda_head_dim, dtype=torch.float32)
         else:
             conv, recurrent = state.conv, state.recurrent
-        q = self.q_conv1d(self.q_proj(x), conv[:, 0])
-        k = self.k_conv1d(self.k_proj(x), conv[:, 1])
-        v = self.v_conv1d(self.v_proj(x), conv[:, 2])
-        g = kda_decay(self.f_b_proj(self.f_a_proj(x)), self.A_log, self.dt_bias, nh)
-        beta = torch.sigmoid(self.b_proj(x).float())
+        p = self._project_input(x)
+        q = self.q_conv1d(p["q_proj"], conv[:, 0])
+        k = self.k_conv1d(p["k_proj"], conv[:, 1])
+        v = self.v_conv1d(p["v_proj"], conv[:, 2])
+        g = kda_decay(self.f_b_proj(p["f_a_proj"]), self.A_log, self.dt_bias, nh)
+        beta = torch.sigmoid(p["b_proj"].float())
         eps = cfg.kda_l2norm_eps
         q = l2_normalize(q.float().unflatten(-1, (nh, -1)), eps) * cfg.kda_head_dim**-0.5
         k = l2_normalize(k.float().unflatten(-1, (nh, -1)), eps)
@@ -229,5 +242,5 @@ class KimiDeltaAttention(nn.Module):
             o = kda_recurrent_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], recurrent).unsqueeze(1)
         else:
             o = self.chunked_kernel(q, k, v, g, beta, recurrent)
-        gate = self.g_b_proj(self.g_a_proj(x)).unflatten(-1, (nh, -1))
+        gate = self.g_b_proj(p["g_a_proj"]).unflatten(-1, (nh, -1))
         return self.o_proj(self.o_norm(o, gate).flatten(-2))
