@@ -16,12 +16,13 @@ from torch import nn
 
 from engine.model.cache import KDAState
 from engine.model.config import KimiLinearConfig
-from engine.model.linear import Linear
+from engine.model.linear import Linear, SharedInputLinears
 from engine.model.norm import GatedRMSNorm
 
 CHUNK_SIZE = 64
 SUB_CHUNK = 16  # inside a chunk, decays are formed element by element only within blocks this long
 _GROUP_ELEMENTS = 1 << 26  # bound on the largest temporary of the batched (state-independent) phase
+_INPUT_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "f_a_proj", "b_proj", "g_a_proj")  # all read x
 
 
 def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -44,12 +45,21 @@ def kda_recurrent_step(
     state: torch.Tensor,
 ) -> torch.Tensor:
     """One token. q, k [B, H, d_k] (normalised, q already scaled), v [B, H, d_v], g [B, H, d_k],
-    beta [B, H]; state [B, H, d_k, d_v] FP32, updated in place. Returns o [B, H, d_v]."""
-    state.mul_(g.exp().unsqueeze(-1))
-    prediction = (k.unsqueeze(-2) @ state).squeeze(-2)
+    beta [B, H]; state [B, H, d_k, d_v] FP32, updated in place. Returns o [B, H, d_v].
+
+    Both products read the old state, so it is read once and written once: with d = exp(g),
+        prediction = S'^T k = S^T (d k),   S'^T q = S^T (d q),   delta = beta (v - prediction),
+        o = S_new^T q = S'^T q + (k . q) delta,   S_new = d S + k delta^T.
+    The reductions are written as broadcast products summed over d_k (not matmuls), so that Inductor fuses
+    each into one pass over the state and the update into one in-place pass (a matmul after the in-place
+    update made it copy the state to a transposed buffer and reduce column by column)."""
+    decay = g.exp().unsqueeze(-1)  # [B, H, d_k, 1]
+    prediction = (state * (decay * k.unsqueeze(-1))).sum(-2)
+    recalled = (state * (decay * q.unsqueeze(-1))).sum(-2)
     delta = beta.unsqueeze(-1) * (v - prediction)
-    state.add_(k.unsqueeze(-1) * delta.unsqueeze(-2))
-    return (q.unsqueeze(-2) @ state).squeeze(-2)
+    out = recalled + (k * q).sum(-1, keepdim=True) * delta
+    state.mul_(decay).add_(k.unsqueeze(-1) * delta.unsqueeze(-2))
+    return out
 
 
 def kda_chunked(
@@ -152,10 +162,23 @@ class ShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
         """x [B, T, D]; window [B, D, K-1] holds the previous K-1 inputs and is updated in place."""
+        if x.shape[1] == 1:
+            return self.step(x, window)
         seq = torch.cat([window.to(x.dtype), x.transpose(1, 2)], dim=-1)
         window.copy_(seq[..., seq.shape[-1] - window.shape[-1] :])
         y = F.conv1d(seq, self.weight.to(x.dtype), groups=seq.shape[1])
         return F.silu(y).transpose(1, 2)
+
+    def step(self, x: torch.Tensor, window: torch.Tensor) -> torch.Tensor:
+        """`forward` for one token x [B, 1, D]: the K-tap weighted sum of the window and x, accumulated in
+        FP32 and rounded once as conv1d does, then the window rolls by one. A convolution call per token
+        costs more than the arithmetic; this is elementwise work a compiler fuses with its neighbours."""
+        taps = self.weight[:, 0].float()  # [D, K]
+        current = x[:, 0]  # [B, D]
+        y = (window.float() * taps[:, :-1]).sum(-1) + current.float() * taps[:, -1]
+        if window.shape[-1]:
+            window.copy_(torch.cat([window[..., 1:], current.unsqueeze(-1).to(window.dtype)], dim=-1))
+        return F.silu(y.to(x.dtype)).unsqueeze(1)
 
 
 class KimiDeltaAttention(nn.Module):
@@ -182,6 +205,17 @@ class KimiDeltaAttention(nn.Module):
         # The prefill (several tokens) kernel, same signature as `kda_chunked`; a runtime may swap in a
         # GPU variant (fla's chunk_kda) for this module.
         self.chunked_kernel = kda_chunked
+        self._input_projections: SharedInputLinears | None = None
+
+    def fuse_input_projections(self) -> None:
+        """Run the six projections of the layer input as one GEMM (those that are plain `Linear`s; a runtime
+        calls this at load). Weights must not change after."""
+        self._input_projections = SharedInputLinears(self, _INPUT_PROJECTIONS)
+
+    def _project_input(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self._input_projections is not None:
+            return self._input_projections(self, x)
+        return {name: getattr(self, name)(x) for name in _INPUT_PROJECTIONS}
 
     def forward(self, x: torch.Tensor, state: KDAState | None) -> torch.Tensor:
         """x [B, T, hidden]. With a state, continue from it and update it; without, start from zeros.
@@ -194,11 +228,12 @@ class KimiDeltaAttention(nn.Module):
             recurrent = x.new_zeros(batch, nh, cfg.kda_head_dim, cfg.kda_head_dim, dtype=torch.float32)
         else:
             conv, recurrent = state.conv, state.recurrent
-        q = self.q_conv1d(self.q_proj(x), conv[:, 0])
-        k = self.k_conv1d(self.k_proj(x), conv[:, 1])
-        v = self.v_conv1d(self.v_proj(x), conv[:, 2])
-        g = kda_decay(self.f_b_proj(self.f_a_proj(x)), self.A_log, self.dt_bias, nh)
-        beta = torch.sigmoid(self.b_proj(x).float())
+        p = self._project_input(x)
+        q = self.q_conv1d(p["q_proj"], conv[:, 0])
+        k = self.k_conv1d(p["k_proj"], conv[:, 1])
+        v = self.v_conv1d(p["v_proj"], conv[:, 2])
+        g = kda_decay(self.f_b_proj(p["f_a_proj"]), self.A_log, self.dt_bias, nh)
+        beta = torch.sigmoid(p["b_proj"].float())
         eps = cfg.kda_l2norm_eps
         q = l2_normalize(q.float().unflatten(-1, (nh, -1)), eps) * cfg.kda_head_dim**-0.5
         k = l2_normalize(k.float().unflatten(-1, (nh, -1)), eps)
@@ -207,5 +242,5 @@ class KimiDeltaAttention(nn.Module):
             o = kda_recurrent_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], recurrent).unsqueeze(1)
         else:
             o = self.chunked_kernel(q, k, v, g, beta, recurrent)
-        gate = self.g_b_proj(self.g_a_proj(x)).unflatten(-1, (nh, -1))
+        gate = self.g_b_proj(p["g_a_proj"]).unflatten(-1, (nh, -1))
         return self.o_proj(self.o_norm(o, gate).flatten(-2))

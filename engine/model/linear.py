@@ -31,3 +31,33 @@ class Linear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+class SharedInputLinears:
+    """Plain `Linear`s that read the same input, run as one GEMM over their concatenated weights: at decode
+    a GEMV call costs more than its arithmetic, so one call instead of several pays. Each Linear's weight
+    is rebound to its rows of the one matrix (views: no second copy). Modules that are not a plain
+    `Linear` (a packed INT4 projection) keep their own call. The weights must not change after."""
+
+    def __init__(self, owner: nn.Module, names: tuple[str, ...]):
+        self.names = names
+        fusable = [n for n in names if type(getattr(owner, n)) is Linear]
+        dtypes = {getattr(owner, n).weight.dtype for n in fusable}
+        self.fused = tuple(fusable) if len(fusable) > 1 and len(dtypes) == 1 else ()
+        self.sizes = [getattr(owner, n).out_features for n in self.fused]
+        self.weight = None
+        if self.fused:
+            self.weight = torch.cat([getattr(owner, n).weight for n in self.fused])
+            start = 0
+            for name, size in zip(self.fused, self.sizes, strict=True):
+                getattr(owner, name).weight = nn.Parameter(
+                    self.weight[start : start + size], requires_grad=False
+                )
+                start += size
+
+    def __call__(self, owner: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """name -> that projection of x, for every name given at construction."""
+        out = {}
+        if self.fused:
+            out = dict(zip(self.fused, F.linear(x, self.weight).split(self.sizes, -1), strict=True))
+        return {n: out[n] if n in out else getattr(owner, n)(x) for n in self.names}

@@ -27,7 +27,9 @@ from common.memory_cap import MemoryCap
 from engine.kernels import ENV_VAR, KernelSelectionError, KernelUnavailable, env_selection, unused_env_entries
 from engine.model import CheckpointError, ConfigError, KimiLinearForCausalLM, SamplingParams, Tokenizer
 from engine.model.dtypes import default_dtype
+from engine.model.kda import KimiDeltaAttention
 from engine.model.mla import MultiheadLatentAttention
+from engine.model.mlp import MLP
 from engine.quant import ArtifactError, kernel_variants, use_kernels
 from engine.runtime.batch import DecodeBatch
 from engine.runtime.cache_pool import CachePool, Lease
@@ -451,7 +453,10 @@ class Engine:
 
 
 def prepare_for_inference(model: KimiLinearForCausalLM) -> None:
-    """Convert once at load what decode would otherwise convert per token (MLA's absorbed kv_b_proj)."""
+    """Convert once at load what decode would otherwise convert per token (MLA's absorbed kv_b_proj), and
+    concatenate the projections that share an input into one GEMM each (KDA's six, an MLP's gate and up)."""
     for module in model.modules():
         if isinstance(module, MultiheadLatentAttention):
             module.freeze_absorbed_weights()
+        if isinstance(module, (KimiDeltaAttention, MLP)):
+            module.fuse_input_projections()
