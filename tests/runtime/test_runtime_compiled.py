@@ -33,9 +33,15 @@ def compiled_engine():
     eng.close()
 
 
-def _lockstep(eager: Engine, compiled: Engine, prompt: list[int], n: int) -> list[float]:
+def _lockstep(
+    eager: Engine, compiled: Engine, prompt: list[int], n: int, tie_rtol: float | None = None
+) -> list[float]:
     """Greedy-decode `n` tokens on both engines side by side; the tokens must agree at every step.
-    Returns each step's largest logit difference relative to the largest eager logit."""
+    Returns each step's largest logit difference relative to the largest eager logit.
+
+    With `tie_rtol`, a differing token is accepted only at a near tie: where the eager logits' top two are
+    within 2 * tie_rtol of the largest magnitude (each engine's logits may be off by tie_rtol), and the
+    comparison ends there (the two sequences have diverged)."""
     seqs = [e.prefill([prompt], max_new_tokens=n) for e in (eager, compiled)]
     samplers = [Sampler(GREEDY, e.device) for e in (eager, compiled)]
     errors = []
@@ -45,8 +51,16 @@ def _lockstep(eager: Engine, compiled: Engine, prompt: list[int], n: int) -> lis
                 e.next_token(s, sampler)
                 for e, s, sampler in zip((eager, compiled), seqs, samplers, strict=True)
             ]
-            assert tokens[0] == tokens[1], f"greedy tokens differ at step {i}"
             expected, actual = (s.logits for s in seqs)
+            if tokens[0] != tokens[1] and tie_rtol is not None:
+                top2 = expected.float().flatten().topk(2).values
+                margin = ((top2[0] - top2[1]) / expected.abs().max()).item()
+                assert margin <= 2 * tie_rtol, (
+                    f"greedy tokens differ at step {i} with a top-2 margin of {margin:.2e}"
+                )
+                assert i >= n // 4, f"a near tie as early as step {i}: too few steps compared"
+                break
+            assert tokens[0] == tokens[1], f"greedy tokens differ at step {i}"
             assert torch.isfinite(actual).all()
             errors.append(((actual - expected).abs().max() / expected.abs().max()).item())
     finally:
@@ -82,7 +96,7 @@ def test_int4_weights_compile_with_the_packed_modules(tiny_artifact, rng):
     eager, compiled = _load("eager", weights=artifact), _load("compiled", weights=artifact)
     try:
         assert compiled.kernel_variants and compiled.kernel_variants == eager.kernel_variants
-        errors = _lockstep(eager, compiled, random_prompt(rng, 17), 64)
+        errors = _lockstep(eager, compiled, random_prompt(rng, 17), 64, tie_rtol=INT4_LOGITS_RTOL)
     finally:
         eager.close()
         compiled.close()
