@@ -18,8 +18,6 @@ import os
 import tempfile
 from pathlib import Path
 
-from tiktoken.load import load_tiktoken_bpe
-
 from engine.model.bpe_train import count_words, tiktoken_file_text, train_bpe
 from engine.model.tokenizer import (
     CONFIG_FILE,
@@ -27,6 +25,7 @@ from engine.model.tokenizer import (
     SYNTHETIC_SPECIAL_TOKENS,
     TIKTOKEN_FILE,
     Tokenizer,
+    read_tiktoken_ranks,
 )
 
 MAX_RANKS = 16_128  # the `small` preset's 16,384 ids less 256 special tokens
@@ -83,7 +82,7 @@ def trained_ranks_file(cache_dir: Path = CACHE_DIR, root: Path | None = None) ->
 
 @functools.cache
 def _cached_ranks() -> list[bytes]:
-    ranks = load_tiktoken_bpe(str(trained_ranks_file()))
+    ranks = read_tiktoken_ranks(trained_ranks_file())
     return sorted(ranks, key=ranks.__getitem__)
 
 

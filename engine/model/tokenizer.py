@@ -8,11 +8,11 @@ get those names, the rest are `<|reserved_token_{id}|>` (as in Moonshot's tokeni
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
 import tiktoken
-from tiktoken.load import load_tiktoken_bpe
 
 TIKTOKEN_FILE = "tiktoken.model"
 CONFIG_FILE = "tokenizer_config.json"
@@ -82,7 +82,7 @@ class Tokenizer:
         if not model_file.exists():
             raise TokenizerError(f"{path} has no {TIKTOKEN_FILE}")
         config = json.loads(config_file.read_text()) if config_file.exists() else {}
-        ranks = load_tiktoken_bpe(str(model_file))
+        ranks = read_tiktoken_ranks(model_file)
         named = {int(i): _content(t) for i, t in config.get("added_tokens_decoder", {}).items()}
         base = len(ranks)
         # Moonshot's code reserves 256 + 2 ids after the ranks.
@@ -129,6 +129,18 @@ class Tokenizer:
     def decode_bytes(self, ids: list[int]) -> bytes:
         """Raw bytes, for incremental detokenisation (a UTF-8 character may span tokens)."""
         return self.encoding.decode_bytes(ids)
+
+
+def read_tiktoken_ranks(path: Path) -> dict[bytes, int]:
+    """The ranks of a `tiktoken.model` file (base64 token, space, rank per line), read from disk every time:
+    tiktoken's own loader caches a file's contents by its path, so a checkpoint rewritten in place (a
+    cached synthetic model rebuilt with another tokenizer) would load the old ranks."""
+    ranks = {}
+    for line in path.read_bytes().splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
 
 
 def _content(token: str | dict) -> str:

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from engine.model import Tokenizer
+from engine.model.synthetic_tokenizer import write_synthetic_tokenizer
 from engine.model.tokenizer import TokenizerError
 
 
@@ -77,3 +78,12 @@ def test_very_long_runs_are_encoded(synthetic):
 def test_missing_tokenizer_file(tmp_path):
     with pytest.raises(TokenizerError, match="tiktoken.model"):
         Tokenizer.from_dir(tmp_path)
+
+
+def test_a_tokenizer_rewritten_in_place_loads_its_new_ranks(tmp_path):
+    # tiktoken's loader caches a file by its path: a cached synthetic checkpoint rebuilt in place with a
+    # bigger tokenizer (byte-level -> BPE) loaded the old 256 ranks and lost its special tokens.
+    write_synthetic_tokenizer(tmp_path, 256)
+    assert Tokenizer.from_dir(tmp_path).bos_id == 256
+    write_synthetic_tokenizer(tmp_path, 3840)
+    assert Tokenizer.from_dir(tmp_path).bos_id == 3840
