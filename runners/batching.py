@@ -205,7 +205,7 @@ def batching_command(synthetic, device, dtype, concurrency, prompt_tokens, gen_t
         written.append(
             write_receipt(
                 "batching",
-                f"{label}.{dtype}.c{c}",
+                f"{label}.{dtype}.{engine.step}.c{c}",
                 config={**config, "concurrency": c},
                 samples=samples,
                 units={k: UNITS[k] for k in [*samples, *derived]},
