@@ -95,6 +95,11 @@ def memory_cap_option(what: str = "The engine plans and runs under this cap"):
     )
 
 
+def resolve_memory_cap(memory_cap_gib: float | None, device: str) -> float:
+    """A --memory-cap-gib value, or the default cap of `device` when none was given."""
+    return memory_cap_gib if memory_cap_gib is not None else default_cap_gib(device)
+
+
 def device_option(what: str = "Where the model runs"):
     """`--device auto|cpu|cuda|cuda:N`; `resolve_device` turns it into a device name."""
     return click.option(

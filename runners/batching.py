@@ -24,13 +24,14 @@ import time
 import click
 import torch
 
-from common.memory_cap import MemoryCap, default_cap_gib
+from common.memory_cap import MemoryCap
 from engine.cli_options import (
     device_option,
     dtype_option,
     memory_cap_option,
     resolve_device,
     resolve_dtype,
+    resolve_memory_cap,
     synthetic_option,
 )
 from engine.model import SamplingParams
@@ -150,7 +151,7 @@ def batching_command(synthetic, device, dtype, concurrency, prompt_tokens, gen_t
     threads = apply_threads(threads)
     device = resolve_device(device)
     dtype, torch_dtype = resolve_dtype(dtype, device)
-    memory_cap_gib = memory_cap_gib if memory_cap_gib is not None else default_cap_gib(device)
+    memory_cap_gib = resolve_memory_cap(memory_cap_gib, device)
     label = f"synthetic-{synthetic}"
     click.echo(f"loading {label} ({dtype}) on {device} ...", err=True)
     try:

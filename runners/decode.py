@@ -22,7 +22,7 @@ from pathlib import Path
 import click
 import torch
 
-from common.memory_cap import MemoryCap, default_cap_gib
+from common.memory_cap import MemoryCap
 from engine.cli_options import (
     NO_QUANT,
     cuda_graphs_option,
@@ -33,6 +33,7 @@ from engine.cli_options import (
     quant_option,
     resolve_device,
     resolve_dtype,
+    resolve_memory_cap,
     synthetic_option,
 )
 from engine.kernels import DEFAULT_SELECTION, KernelSelectionError, KernelUnavailable, named_choices, resolve
@@ -212,7 +213,7 @@ def decode_command(synthetic, weights, device, dtype, contexts, batches, gen_tok
     context_list = positive_ints(contexts or ("17,1024,8192,32768" if on_gpu else "17,256,1024"))
     batch_list = positive_ints(batches)
     gen_tokens = gen_tokens or (64 if on_gpu else 32)
-    cap = memory_cap_gib if memory_cap_gib is not None else default_cap_gib(device)
+    cap = resolve_memory_cap(memory_cap_gib, device)
     quantised = quant not in (None, NO_QUANT) or (weights is not None and (weights / MANIFEST_NAME).is_file())
     selections = _kernel_selections(kernel_selections, quantised, device)
 

@@ -9,7 +9,6 @@ import click
 
 from common.listen import listening_socket
 from common.logs import configure_logging, log_format_option
-from common.memory_cap import default_cap_gib
 from engine.cli_options import (
     cuda_graphs_option,
     device_option,
@@ -20,6 +19,7 @@ from engine.cli_options import (
     quant_plan,
     resolve_device,
     resolve_dtype,
+    resolve_memory_cap,
     synthetic_option,
 )
 from engine.kernels import DEFAULT_SELECTION
@@ -182,8 +182,7 @@ def serve_command(
     if weights is None and synthetic is None:
         synthetic = "tiny"
     resolved = torch.device(resolve_device(device))
-    if memory_cap_gib is None:
-        memory_cap_gib = default_cap_gib(resolved.type)
+    memory_cap_gib = resolve_memory_cap(memory_cap_gib, resolved.type)
     try:
         kernels = named_choices(kernel_selection)
     except KernelSelectionError as e:
