@@ -90,11 +90,14 @@ def gate(tmp_path, monkeypatch):
     """Runs `micro-gate` against baselines in tmp_path/results, the benchmark run replaced by `fresh`."""
     monkeypatch.setattr("harness.hardware.describe", lambda: dict(HARDWARE))
     results = tmp_path / "results"
-    fresh: dict[str, float] = {}  # case -> median µs of the planted fresh run
+    measurements: list[dict[str, float]] = []  # case -> median µs, one dict per measurement; the last repeats
+    calls = []
 
     def fake_run(out_dir, runs, max_time, min_rounds, select):
         assert select == "k3" and runs == 3
-        rng = random.Random(11)
+        fresh = measurements[min(len(calls), len(measurements) - 1)]
+        calls.append(fresh)
+        rng = random.Random(11 + len(calls))
         paths = []
         for i in range(runs):
             paths.append(out_dir / f"run{i}.json")
@@ -103,15 +106,17 @@ def gate(tmp_path, monkeypatch):
 
     monkeypatch.setattr(micro, "run_benchmarks", fake_run)
 
-    def run(baselines: dict[str, float], now: dict[str, float]):
+    def run(baselines: dict[str, float], now: dict[str, float], *later: dict[str, float]):
         rng = random.Random(5)
         for name, median in baselines.items():
             write_receipt("micro", name, config={}, samples={"call_us": timings(rng, median)},
                           units={"call_us": "µs"}, derived={"run_spread_pct": 2.0}, results_dir=results,
                           hardware=HARDWARE, command=["test"])  # fmt: skip
-        fresh.clear()
-        fresh.update(now)
-        return CliRunner().invoke(micro.micro_gate_command, ["--results", str(results)])
+        measurements[:] = [now, *later]
+        calls.clear()
+        result = CliRunner().invoke(micro.micro_gate_command, ["--results", str(results), "--confirm-pause", "0"])
+        result.measurements = len(calls)
+        return result
 
     return run
 
@@ -139,6 +144,26 @@ def test_the_gate_fails_and_names_the_regressed_case(gate):
     assert result.exit_code == 1
     assert "k3.turn.chat.encode: baseline" in result.output and "REGRESSED" in result.output
     assert "regressed beyond the measured noise: k3.turn.chat.encode" in result.output
+
+
+def test_a_regression_that_is_gone_on_confirmation_passes(gate):
+    burst = CASES | {"k3.turn.chat.encode": 26.0}  # one case slow while the machine had a burst of load
+    result = gate(CASES, burst, CASES)
+    assert result.exit_code == 0, result.output
+    assert result.measurements == 2 and "confirming k3.turn.chat.encode (1/2)" in result.output
+
+
+def test_a_regression_still_there_on_every_confirmation_fails(gate):
+    slower = CASES | {"k3.turn.chat.encode": 26.0}
+    result = gate(CASES, slower, slower, slower, CASES)  # gone only after the second confirmation: too late
+    assert result.exit_code == 1
+    assert result.measurements == 3 and "confirming k3.turn.chat.encode (2/2)" in result.output
+
+
+def test_only_cases_flagged_first_can_fail_a_confirmation(gate):
+    # a case that is fine at first and slow on confirmation is a burst during the confirmation
+    result = gate(CASES, CASES | {"k3.turn.chat.encode": 26.0}, CASES | {"k3.turn.chat.parse": 12.0})
+    assert result.exit_code == 0, result.output
 
 
 def test_a_new_case_without_a_baseline_is_reported_not_gated(gate):
