@@ -17,11 +17,13 @@ import logging
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.typing import RcKeyType  # noqa: E402
 
 USE_TEX = os.environ.get("USE_TEX") == "1"
 # The Computer Modern fonts matplotlib ships carry a zero creation date; fontTools warns on every subset.
@@ -32,7 +34,7 @@ HATCHES = ("", "//", "..", "xx", "\\\\")
 MARKERS = ("o", "s", "^", "D", "v")
 NEUTRAL = "#BBBBBB"  # caps, reference lines: never a series colour
 
-_COMMON = {
+_COMMON: dict[RcKeyType, Any] = {
     "font.size": 9,
     "axes.titlesize": 9,
     "legend.fontsize": 7,
@@ -41,10 +43,10 @@ _COMMON = {
     "pdf.fonttype": 42,
     "ps.fonttype": 42,
     "svg.hashsalt": "local-kimi",
-    "axes.prop_cycle": matplotlib.cycler(color=PALETTE),
+    "axes.prop_cycle": plt.cycler(color=PALETTE),
     "hatch.linewidth": 0.6,
 }
-STYLE = _COMMON | (
+STYLE: dict[RcKeyType, Any] = _COMMON | (
     {"text.usetex": True, "font.family": "serif", "text.latex.preamble": r"\usepackage{textcomp}"}
     if USE_TEX
     else {

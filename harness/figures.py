@@ -604,8 +604,10 @@ def perplexity_vs_bits(frame: pd.DataFrame) -> dict | None:
              "perplexity": receipt["derived"]["perplexity"], "receipt": row.path})  # fmt: skip
     if not series:
         return None
-    out = [{"model": model, "source": source, "points": sorted(points, key=lambda p: p["bits_per_weight"])}
-           for (model, source), points in sorted(series.items())]  # fmt: skip
+    out: list[dict[str, Any]] = [
+        {"model": model, "source": source, "points": sorted(points, key=lambda p: p["bits_per_weight"])}
+        for (model, source), points in sorted(series.items())
+    ]
     return {"title": "Held-out perplexity against bits per weight (trained weights)", "series": out,
             "references": [{"model": m, "perplexity": p} for m, p in sorted(references.items())]}  # fmt: skip
 

@@ -71,7 +71,7 @@ def _gpus() -> tuple[list[dict], str]:
     return gpus, "" if gpus else "NVML reports no GPU"
 
 
-def _gpu(pynvml, index: int, driver: str, cuda_driver: str) -> dict:
+def _gpu(pynvml, index: int, driver: str | None, cuda_driver: str) -> dict:
     handle = pynvml.nvmlDeviceGetHandleByIndex(index)
 
     def read(fn, *args):
@@ -179,7 +179,10 @@ def _program(info: dict) -> str:
 
 
 def _software() -> dict:
-    versions = {"python": platform.python_version(), "implementation": sys.implementation.name}
+    versions: dict[str, str | None] = {
+        "python": platform.python_version(),
+        "implementation": sys.implementation.name,
+    }
     try:
         import torch
 

@@ -20,9 +20,10 @@ def import_device_tar(tar_path: Path, results: Path) -> tuple[list[Path], list[P
     receipts = []
     with tarfile.open(tar_path) as tar:
         for member in tar.getmembers():
-            if not (member.isfile() and member.name.endswith(".json")):
+            source = tar.extractfile(member) if member.isfile() and member.name.endswith(".json") else None
+            if source is None:
                 continue
-            data = tar.extractfile(member).read()
+            data = source.read()
             where = f"{tar_path}:{member.name}"
             try:
                 receipt = json_bytes.loads(data)

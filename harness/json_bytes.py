@@ -11,11 +11,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from typing import Any
 
 try:
     import orjson
 except ImportError:  # the device image: the standard library writes the same bytes
-    orjson = None
+    orjson = None  # type: ignore[assignment]  # the module or None: checked before each use
 
 DecodeError = ValueError  # orjson.JSONDecodeError and json.JSONDecodeError are both ValueErrors
 
@@ -28,7 +29,7 @@ def dumps(obj: object, *, indent: bool = False) -> bytes:
     return stdlib_dumps(obj, indent=indent)
 
 
-def loads(data: bytes | str) -> object:
+def loads(data: bytes | str) -> Any:
     return orjson.loads(data) if orjson is not None else json.loads(data)
 
 

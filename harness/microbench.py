@@ -32,7 +32,7 @@ def _hardware(machine: dict[str, Any], commit: dict[str, Any]) -> dict[str, Any]
     if isinstance(machine.get("local_kimi"), dict):
         desc = dict(machine["local_kimi"])
     else:
-        cpu = machine.get("cpu") if isinstance(machine.get("cpu"), dict) else {}
+        cpu = given if isinstance(given := machine.get("cpu"), dict) else {}
         desc = {
             "gpus": [],
             "gpu_note": "not recorded: imported from pytest-benchmark's machine_info",

@@ -15,6 +15,7 @@ import statistics
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from harness import json_bytes
 from harness.hardware import REPO_ROOT, describe
@@ -206,9 +207,9 @@ def short_id(receipt: dict) -> str:
     return receipt["sha256"][:7]
 
 
-def resolve_field(receipt: dict, dotted: str) -> object:
+def resolve_field(receipt: dict, dotted: str) -> Any:
     """`summary.tok_s.median` -> the value; raises KeyError naming the missing part."""
-    value: object = receipt
+    value: Any = receipt
     for part in dotted.split("."):
         if isinstance(value, dict) and part in value:
             value = value[part]

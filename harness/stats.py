@@ -111,5 +111,5 @@ def verdict(
     of their ratio of medians."""
     ratio, regression = regression_pct(old, new, higher_is_better)
     usable = old_samples and new_samples and statistics.median(old_samples) > 0
-    comparison = compare_samples(old_samples, new_samples) if usable else None
+    comparison = compare_samples(old_samples, new_samples) if usable and old_samples and new_samples else None
     return Verdict(old, new, ratio, regression, allowed, higher_is_better, comparison)

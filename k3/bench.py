@@ -30,6 +30,7 @@ import orjson
 
 from k3.app import create_app
 from k3.config import Config
+from k3.connection import Receive, Scope, Send
 from k3.testing.fake_upstream import FakeUpstream
 from k3.upstream import Upstream
 
@@ -55,7 +56,7 @@ class NullProxy:
     def __init__(self, upstream: Upstream):
         self._upstream = upstream
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         body, more = b"", True
         while more:
             message = await receive()
@@ -139,7 +140,7 @@ async def measure_async(
                 response = await proxied.post(ROUTES[dialect], content=client_body)
                 _check_translated(dialect, stream, response)
                 engine_body = orjson.dumps(fake.requests[-1])  # exactly what k3 sent upstream
-                paths = [
+                paths: list[tuple[httpx.AsyncClient, str, bytes, list[float]]] = [
                     (direct, "/v1/chat/completions", engine_body, []),
                     (proxied, ROUTES[dialect], client_body, []),
                     (floor, "/", engine_body, []),

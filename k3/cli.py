@@ -12,7 +12,7 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 import httpx
@@ -30,6 +30,10 @@ from k3.config import (
 )
 from k3.detect import ROUTE_DIALECT, detect
 from k3.errors import ProxyError
+
+if TYPE_CHECKING:
+    from k3.app import K3App
+    from k3.cassettes import Recorder
 
 DOCTOR_CLIENTS = ("claude-code", "codex", "opencode", "aider")
 
@@ -420,7 +424,7 @@ def serve(
     )  # no line per side call
     logging.getLogger("k3.access").setLevel(logging.INFO if access_log else logging.WARNING)
     try:
-        app = create_app(config, upstream_transport=mock_transport() if mock else None)
+        app: K3App | Recorder = create_app(config, upstream_transport=mock_transport() if mock else None)
         if record_dir:
             from k3.cassettes import recording
 

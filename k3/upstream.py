@@ -123,8 +123,8 @@ class _ChunkReader:
                 break
             if not self.finished:
                 choices = chunk.get("choices")
-                self.finished = (
-                    bool(choices) and isinstance(choices[0], dict) and bool(choices[0].get("finish_reason"))
+                self.finished = bool(
+                    choices and isinstance(choices[0], dict) and choices[0].get("finish_reason")
                 )
             batch.append(chunk)
         return batch

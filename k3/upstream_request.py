@@ -28,7 +28,7 @@ from k3.ir import (
     ToolResultPart,
 )
 from k3.reasoning import render_upstream
-from k3.tools import Reasoning, ThinkSplitter
+from k3.tools import Reasoning, Text, ThinkSplitter
 
 if TYPE_CHECKING:
     from k3.continuity import TurnMemory
@@ -41,7 +41,7 @@ def split_think(text: str) -> tuple[str, str]:
     splitter = ThinkSplitter()
     events = splitter.feed(text) + splitter.finish()
     reasoning = "".join(e.text for e in events if isinstance(e, Reasoning))
-    return "".join(e.text for e in events if not isinstance(e, Reasoning)), reasoning
+    return "".join(e.text for e in events if isinstance(e, Text)), reasoning
 
 
 def assistant_to_upstream(

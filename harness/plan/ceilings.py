@@ -109,10 +109,10 @@ def estimate(
     elif layout != "devices":
         prefill, note = None, "the experts run on the host CPU, whose FLOPs the table does not hold"
     else:
-        fp4 = fmt.compute == "fp4" and hw.device.fp4_flops
-        flops = hw.count * (hw.device.fp4_flops if fp4 else hw.device.bf16_flops)
+        fp4_flops = hw.device.fp4_flops if fmt.compute == "fp4" else None
+        flops = hw.count * (fp4_flops or hw.device.bf16_flops)
         prefill = flops / (2 * model.active_params)
-        note = f"{'FP4' if fp4 else 'BF16'} dense tensor-core peak of {hw.count} x {hw.device.name}"
+        note = f"{'FP4' if fp4_flops else 'BF16'} dense tensor-core peak of {hw.count} x {hw.device.name}"
     return Estimate(
         model=model.name,
         quant=fmt.name,

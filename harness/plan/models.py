@@ -13,6 +13,7 @@ group 32, attention, shared experts, dense MLP and LM head BF16).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -46,7 +47,8 @@ class ModelFacts:
     default_format: str
     sources: str
     routed_share: float  # experts each token picks, as a fraction of each MoE layer's experts (k / E)
-    workspace: object = None  # (context) -> activation bytes, when the model has an estimate
+    # (context) -> activation bytes, when the model has an estimate
+    workspace: Callable[[int], int] | None = None
 
     def fmt(self, name: str | None) -> WeightFormat:
         name = name or self.default_format

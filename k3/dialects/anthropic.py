@@ -131,12 +131,12 @@ def _blocks(content: Any, role: str, where: str) -> tuple[list[ir.Part], list[ir
     return parts, results
 
 
-def _system(value: Any) -> list[ir.TextPart]:
+def _system(value: Any) -> list[ir.Part]:
     if value is None:
         return []
     if isinstance(value, str):
         return [ir.TextPart(value)] if value else []
-    parts = []
+    parts: list[ir.Part] = []
     for i, block in enumerate(as_list(value, "system")):
         block = as_dict(block, f"system[{i}]")
         text = as_str(block.get("text"), f"system[{i}].text")
@@ -215,7 +215,7 @@ def ingress(body: dict[str, Any], default_model: str) -> ir.CanonicalRequest:
             raise bad_request(f"{where}.role must be user, assistant or system", f"{where}.role")
         parts, results = _blocks(raw.get("content"), role, where)
         if results:
-            messages.append(ir.Message("tool", results))  # type: ignore[arg-type]
+            messages.append(ir.Message("tool", list(results)))
         if role == "system":
             parts = [p for p in parts if isinstance(p, ir.TextPart)]
         if parts or role == "assistant":
@@ -316,7 +316,7 @@ class Stream:
         self._open: str | None = None  # "thinking" | "text" | "tool_use"
 
     def start(self) -> bytes:
-        message = {
+        message: dict[str, Any] = {
             "id": self._turn.id,
             "type": "message",
             "role": "assistant",

@@ -129,11 +129,11 @@ def _input(value: Any) -> list[ir.Message]:
             name = as_str(item.get("name"), f"{where}.name")
             if kind == "function_call":
                 arguments = arguments_text(item.get("arguments"))
-                part = ir.ToolCallPart(call_id, name, arguments)
+                call = ir.ToolCallPart(call_id, name, arguments)
             else:
                 text = as_str(item.get("input"), f"{where}.input")
-                part = ir.ToolCallPart(call_id, name, orjson.dumps({"input": text}).decode(), custom=True)
-            assistant_turn().parts.append(part)
+                call = ir.ToolCallPart(call_id, name, orjson.dumps({"input": text}).decode(), custom=True)
+            assistant_turn().parts.append(call)
         elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = from_responses_id(as_str(item.get("call_id", item.get("id")), f"{where}.call_id"))
             text, images = _output(item.get("output"), f"{where}.output")

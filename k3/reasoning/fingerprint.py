@@ -43,8 +43,8 @@ def fingerprint(message: dict) -> str:
     """Hex SHA-256 over the squashed visible text, then each tool call's name and arguments."""
     digest = hashlib.sha256(_squash(visible_text(message.get("content"))).encode("utf-8", "surrogatepass"))
     for call in message.get("tool_calls") or []:
-        fn = call.get("function") if isinstance(call, dict) and isinstance(call.get("function"), dict) else {}
-        name = fn.get("name") if isinstance(fn.get("name"), str) else ""
+        fn = nested if isinstance(call, dict) and isinstance(nested := call.get("function"), dict) else {}
+        name = named if isinstance(named := fn.get("name"), str) else ""
         digest.update(b"\0" + name.encode("utf-8", "surrogatepass"))
         digest.update(b"\0" + _arguments_key(fn.get("arguments", "")).encode("utf-8", "surrogatepass"))
     return digest.hexdigest()

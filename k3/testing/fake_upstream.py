@@ -40,6 +40,7 @@ from typing import Any
 import orjson
 
 from common import listen
+from k3.connection import Receive, Scope, Send
 from k3.tokens import CHARS_PER_TOKEN, rough_tokens
 
 
@@ -290,7 +291,7 @@ class FakeUpstream:
 
     # -- ASGI -----------------------------------------------------------------------------------
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return
         path = scope["path"]
@@ -347,7 +348,7 @@ class FakeUpstream:
         if reply.status >= 400:
             return await self._json(send, reply.status, error_body(reply), reply.headers)
         if reply.raw is not None:
-            return await self._raw(reply, send, payload.get("stream"))
+            return await self._raw(reply, send, bool(payload.get("stream")))
         if not payload.get("stream"):
             if reply.delay:
                 await asyncio.sleep(reply.delay)

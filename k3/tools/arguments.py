@@ -48,8 +48,11 @@ def coerce_member(value: Any, raw: str) -> str:
     return raw
 
 
-def _skip_ws(text: str, pos: int) -> int:
-    return _WS.match(text, pos).end()
+def skip_ws(text: str, pos: int = 0) -> int:
+    """The position after the JSON white space that starts at `pos`."""
+    match = _WS.match(text, pos)
+    assert match is not None  # the pattern matches the empty string
+    return match.end()
 
 
 def parse_members(text: str, pos: int) -> tuple[dict[str, tuple[Any, str]], int]:
@@ -60,22 +63,22 @@ def parse_members(text: str, pos: int) -> tuple[dict[str, tuple[Any, str]], int]
     if text[pos : pos + 1] != "{":
         raise ValueError("expected an object")
     members: dict[str, tuple[Any, str]] = {}
-    pos = _skip_ws(text, pos + 1)
+    pos = skip_ws(text, pos + 1)
     if text[pos : pos + 1] == "}":
         return members, pos + 1
     while True:
         if text[pos : pos + 1] != '"':
             raise ValueError("expected a key")
         key, pos = _DECODER.raw_decode(text, pos)
-        pos = _skip_ws(text, pos)
+        pos = skip_ws(text, pos)
         if text[pos : pos + 1] != ":":
             raise ValueError("expected ':'")
-        pos = _skip_ws(text, pos + 1)
+        pos = skip_ws(text, pos + 1)
         value, end = _DECODER.raw_decode(text, pos)
         members[key] = (value, text[pos:end])
-        pos = _skip_ws(text, end)
+        pos = skip_ws(text, end)
         if text[pos : pos + 1] == ",":
-            pos = _skip_ws(text, pos + 1)
+            pos = skip_ws(text, pos + 1)
         elif text[pos : pos + 1] == "}":
             return members, pos + 1
         else:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 
-from k3.tools.arguments import JSON_ERRORS, call_from_members, parse_members
+from k3.tools.arguments import JSON_ERRORS, call_from_members, parse_members, skip_ws
 from k3.tools.events import Event, Text, ToolCall
 from k3.tools.ids import new_call_id
 from k3.tools.schemas import parameter_names
@@ -24,7 +24,6 @@ from k3.tools.schemas import parameter_names
 FENCE = "```"
 _FENCE_LINE = re.compile(r"```[\w+.-]*[ \t]*\r?\n")
 _FENCE_LINE_PREFIX = re.compile(r"```[\w+.-]*[ \t]*\r?")
-_WS = re.compile(r"[ \t\n\r]*")
 
 
 def _parse_calls(text: str, known: dict[str, list[str]]) -> list[tuple[str, str]] | None:
@@ -34,24 +33,25 @@ def _parse_calls(text: str, known: dict[str, list[str]]) -> list[tuple[str, str]
             members, end = parse_members(text, 0)
             items, pos = [call_from_members(members)], end
         else:
-            items, pos = [], _WS.match(text, 1).end()
+            items, pos = [], skip_ws(text, 1)
             while True:
                 members, end = parse_members(text, pos)
                 items.append(call_from_members(members))
-                pos = _WS.match(text, end).end()
+                pos = skip_ws(text, end)
                 if text[pos : pos + 1] == "]":
                     pos += 1
                     break
                 if text[pos : pos + 1] != ",":
                     return None
-                pos = _WS.match(text, pos + 1).end()
+                pos = skip_ws(text, pos + 1)
     except JSON_ERRORS:
         return None
-    if pos != len(text) or not all(items):
+    calls = [item for item in items if item is not None]
+    if pos != len(text) or len(calls) != len(items):
         return None
-    if known and any(name not in known for name, _ in items):
+    if known and any(name not in known for name, _ in calls):
         return None
-    return items
+    return calls
 
 
 class JsonCallParser:
@@ -98,7 +98,7 @@ class JsonCallParser:
     def _decide_lead(self) -> str:
         """Classify the opening; returns the text that belongs to the JSON value, if one started."""
         lead = self._lead
-        start = _WS.match(lead).end()
+        start = skip_ws(lead)
         rest = lead[start:]
         if not rest or FENCE.startswith(rest):
             return ""  # still undecided (a one- or two-backtick prefix may become a fence)
@@ -108,7 +108,7 @@ class JsonCallParser:
                 if not _FENCE_LINE_PREFIX.fullmatch(rest):
                     self._state = "latch"
                 return ""
-            start = _WS.match(lead, start + line.end()).end()
+            start = skip_ws(lead, start + line.end())
             if start == len(lead):
                 return ""
             self._fenced = True

@@ -72,8 +72,9 @@ class _Call:
     body: list[str] = field(default_factory=list)
     malformed: bool = False
 
-    def close_element(self) -> bool:
-        tag, body = self.element, "".join(self.body)
+    def close_element(self, tag: _Tag) -> bool:
+        """Close the open element `tag`; False when its body does not fit its declared type."""
+        body = "".join(self.body)
         self.element, self.body = None, []
         if tag.name == "json":
             if self.json_body is not None or self.args or not _json_matches(body, tag.attrs.get("type")):
@@ -138,7 +139,7 @@ class KimiK3Parser:
         self._text(out, self._buf, partial=False)
         self._buf = ""
         if self._call is not None:
-            self._degrade_call(out)
+            self._degrade_call(out, self._call)
         return out
 
     # -- lexing --------------------------------------------------------------------------
@@ -167,7 +168,7 @@ class KimiK3Parser:
                 self._tag_kind = tok
             elif tok == END:
                 if self._call is not None:
-                    self._degrade_call(out)
+                    self._degrade_call(out, self._call)
                 self._in_tools, self._channel = False, "text"
             # a stray SEP is dropped
 
@@ -196,7 +197,7 @@ class KimiK3Parser:
     def _tag(self, out: list[Event], kind: str, header: str) -> None:
         tag = _Tag.parse(header)
         if self._call is not None:
-            self._call_tag(out, kind, tag, header)
+            self._call_tag(out, self._call, kind, tag, header)
             return
         self._prose_run = False
         if kind == OPEN:
@@ -211,15 +212,14 @@ class KimiK3Parser:
         elif tag.name in ("think", "response") and not self._in_tools:
             self._channel = "text"
 
-    def _call_tag(self, out: list[Event], kind: str, tag: _Tag, header: str) -> None:
-        call = self._call
+    def _call_tag(self, out: list[Event], call: _Call, kind: str, tag: _Tag, header: str) -> None:
         call.raw.append(header)
         if kind == CLOSE and tag.name in ("call", "tools"):
             # Closing the call (or the tools around it) always ends the call; it only counts
             # if every element was closed properly.
             result = call.result() if tag.name == "call" and call.element is None else None
             if result is None:
-                self._degrade_call(out)
+                self._degrade_call(out, call)
             else:
                 self._call = None
                 out.append(result)
@@ -231,12 +231,12 @@ class KimiK3Parser:
         if kind == OPEN and call.element is None and tag.name in ("argument", "json") and tag.strict:
             call.element = tag
         elif kind == CLOSE and call.element is not None and tag.name == call.element.name:
-            call.malformed = not call.close_element()
+            call.malformed = not call.close_element(call.element)
         else:
             call.malformed = True
 
-    def _degrade_call(self, out: list[Event]) -> None:
-        raw = "".join(self._call.raw)
+    def _degrade_call(self, out: list[Event], call: _Call) -> None:
+        raw = "".join(call.raw)
         self._call = None
         if raw:
             out.append(Text(raw))

@@ -71,9 +71,9 @@ class NativeToolCalls:
         """Fold one delta item; the key of the call it touched, or None for an item that is not an object."""
         if not isinstance(item, dict):
             return None
-        fn = item.get("function") if isinstance(item.get("function"), dict) else {}
-        call_id = item.get("id") if isinstance(item.get("id"), str) else ""
-        name = fn.get("name") if isinstance(fn.get("name"), str) else ""
+        fn = nested if isinstance(nested := item.get("function"), dict) else {}
+        call_id = given_id if isinstance(given_id := item.get("id"), str) else ""
+        name = named if isinstance(named := fn.get("name"), str) else ""
         arguments = fn.get("arguments")
         if isinstance(arguments, dict):
             arguments = orjson.dumps(arguments).decode()

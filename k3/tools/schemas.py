@@ -13,7 +13,7 @@ def parameter_names(tools: list[dict] | None) -> dict[str, list[str]]:
     for tool in tools or []:
         if not isinstance(tool, dict):
             continue
-        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        fn = nested if isinstance(nested := tool.get("function"), dict) else tool
         name = fn.get("name")
         if not isinstance(name, str) or not name:
             continue
