@@ -156,9 +156,9 @@ def dequantize(weight: LinearWeight, dtype: torch.dtype = torch.float32) -> torc
     if weight.format == "dense":
         return weight.data.to(dtype)
     codes = integer_codes(weight).float()
-    group = weight.group_size
+    group, scales = group_scales(weight)
     grouped = codes.reshape(*codes.shape[:-1], codes.shape[-1] // group, group)
-    values = grouped * weight.scales.float().unsqueeze(-1)
+    values = grouped * scales.float().unsqueeze(-1)
     return values.reshape(codes.shape).to(dtype)
 
 
@@ -169,9 +169,16 @@ def roundtrip_error_bound(weight: LinearWeight) -> torch.Tensor:
     ``u`` the scale dtype's unit roundoff, which stays below ``QMAX + 0.5``: no element is ever clamped
     by more than half a step. The small factor covers FP32 division rounding.
     """
-    half_step = 0.5 * weight.scales.float() * (1 + 2**-16)
-    group = weight.group_size
+    group, scales = group_scales(weight)
+    half_step = 0.5 * scales.float() * (1 + 2**-16)
     return half_step.repeat_interleave(group, dim=-1)
+
+
+def group_scales(weight: LinearWeight) -> tuple[int, torch.Tensor]:
+    """(group size, scales) of a quantized weight."""
+    if weight.group_size is None or weight.scales is None:
+        raise CodecError("a dense weight has no groups or scales")
+    return weight.group_size, weight.scales
 
 
 def quantized_nbytes(shape: tuple[int, ...], fmt: str, group_size: int, scale_dtype: torch.dtype) -> int:

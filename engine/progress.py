@@ -8,6 +8,7 @@ code report progress without knowing whether a terminal is watching.
 from __future__ import annotations
 
 import contextlib
+import io
 import sys
 from collections.abc import Callable, Iterable
 
@@ -16,12 +17,11 @@ import click
 ProgressFactory = Callable[[str, int], contextlib.AbstractContextManager]
 
 
-class _Sink:
-    def write(self, _text: str) -> None:
-        pass
+class _Sink(io.StringIO):
+    """A text stream that keeps nothing."""
 
-    def flush(self) -> None:
-        pass
+    def write(self, _text: str) -> int:
+        return 0
 
 
 def progress_bar(

@@ -19,6 +19,7 @@ import math
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import torch
@@ -30,6 +31,9 @@ from engine.model.loading import INDEX_FILE, SYNTHETIC_MARKER, parameter_for
 from engine.model.presets import PRESETS
 from engine.model.synthetic_tokenizer import write_synthetic_tokenizer
 from engine.progress import progress_bar
+
+if TYPE_CHECKING:
+    from engine.model.model import KimiLinearForCausalLM
 
 MAX_SHARD_BYTES = 4 << 30
 _OUTPUT_PROJECTIONS = ("o_proj.weight", "down_proj.weight", "w2.weight")
@@ -165,7 +169,7 @@ def write_synthetic_checkpoint(
 
 
 @torch.no_grad()
-def init_synthetic_weights(model: torch.nn.Module, seed: int) -> None:
+def init_synthetic_weights(model: KimiLinearForCausalLM, seed: int) -> None:
     """Fill a model in place with synthetic weights, generated on the model's own device (for benchmarks
     at the full shapes without writing 98 GB to disk). Same distributions as the writer; the values
     equal the writer's only when generated on the CPU."""

@@ -27,7 +27,7 @@ class Case:
     out_dtype: torch.dtype
 
 
-def _x(shape: tuple[int, ...], gen: torch.Generator, device) -> torch.Tensor:
+def _x(shape: tuple[int, ...], gen: torch.Generator | None, device) -> torch.Tensor:
     return torch.randn(shape, generator=gen, device=device).to(ACTIVATION)
 
 
@@ -52,11 +52,12 @@ def _routes(batch: int, slots: int, experts: int, gen, device) -> torch.Tensor:
     return torch.stack(rows).to(torch.int32)
 
 
-def _gemv_case(fmt: str) -> Callable[[dict, torch.Generator, torch.device], Case]:
-    def build(shape: dict, gen: torch.Generator, device) -> Case:
+def _gemv_case(fmt: str) -> Callable[[dict, torch.Generator | None, torch.device | str], Case]:
+    def build(shape: dict, gen: torch.Generator | None, device) -> Case:
         b, n, k = shape["B"], shape["N"], shape["K"]
         x = _x((b, k), gen, device)
         out_dtype = OUT_DTYPES[shape.get("out", "bf16")]
+        args: tuple
         if fmt == "int4":
             codes, scales = _int4_bank((), n, k, shape["group"], gen, device)
             args = (x, codes, scales, shape["group"])
@@ -73,14 +74,14 @@ def _gemv_case(fmt: str) -> Callable[[dict, torch.Generator, torch.device], Case
     return build
 
 
-def _grouped_case(shape: dict, gen: torch.Generator, device) -> Case:
+def _grouped_case(shape: dict, gen: torch.Generator | None, device) -> Case:
     b, s, e, n, k, g = (shape[key] for key in ("B", "S", "E", "N", "K", "group"))
     x = _x((b, s, k) if shape.get("per_slot") else (b, k), gen, device)
     codes, scales = _int4_bank((e,), n, k, g, gen, device)
     return Case((x, codes, scales, _routes(b, s, e, gen, device), g), {}, (b, s, n), ACTIVATION)
 
 
-def _swiglu_case(shape: dict, gen: torch.Generator, device) -> Case:
+def _swiglu_case(shape: dict, gen: torch.Generator | None, device) -> Case:
     b, s, e, n, k, g = (shape[key] for key in ("B", "S", "E", "N", "K", "group"))
     gate = _int4_bank((e,), n, k, g, gen, device)
     up = _int4_bank((e,), n, k, g, gen, device)
@@ -88,13 +89,13 @@ def _swiglu_case(shape: dict, gen: torch.Generator, device) -> Case:
     return Case(args, {}, (b, s, n), ACTIVATION)
 
 
-def _combine_case(shape: dict, gen: torch.Generator, device) -> Case:
+def _combine_case(shape: dict, gen: torch.Generator | None, device) -> Case:
     b, s, n = shape["B"], shape["S"], shape["N"]
     weights = torch.rand((b, s), generator=gen, device=device)
     return Case((_x((b, s, n), gen, device), weights), {}, (b, n), ACTIVATION)
 
 
-CASES: dict[str, Callable[[dict, torch.Generator, torch.device], Case]] = {
+CASES: dict[str, Callable[[dict, torch.Generator | None, torch.device | str], Case]] = {
     "w4a16_gemv": _gemv_case("int4"),
     "w8a16_gemv": _gemv_case("int8"),
     "w16a16_gemv": _gemv_case("dense"),

@@ -103,10 +103,10 @@ def packed_args(v: Variant, args: tuple) -> tuple:
     """``args`` (in the artifact's layout) with every weight pair of ``v.op`` packed for ``v``."""
     if v.pack is None:
         return args
-    args = list(args)
+    packed = list(args)
     for codes, scales in _operation(v.op).weight_args:
-        args[codes], args[scales] = v.pack(args[codes], args[scales])
-    return tuple(args)
+        packed[codes], packed[scales] = v.pack(packed[codes], packed[scales])
+    return tuple(packed)
 
 
 def set_triton_availability(check: Callable[[str], str | None]) -> None:

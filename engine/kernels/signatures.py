@@ -61,13 +61,15 @@ def _check_weight(
         _require(data.dtype in ACTIVATION_DTYPES, f"dense weight dtype {data.dtype} not supported")
         return
     _require(data.dtype == PACKED_DTYPES[fmt], f"{fmt} codes must be {PACKED_DTYPES[fmt]}, got {data.dtype}")
-    _require(group is not None and group > 0 and k % group == 0, f"group size {group} must divide K={k}")
+    if group is None or group <= 0 or k % group:
+        raise ValueError(f"group size {group} must divide K={k}")
     # The Triton INT4 kernel scales whole 32-bit words of 8 codes: a smaller group gives wrong sums.
     _require(
         fmt != "int4" or group % INT4_GROUP_MULTIPLE == 0,
         f"INT4 group size {group} is not a multiple of {INT4_GROUP_MULTIPLE} (8 codes per 32-bit word)",
     )
-    _require(scales is not None and scales.dtype in SCALE_DTYPES, f"scales must be one of {SCALE_DTYPES}")
+    if scales is None or scales.dtype not in SCALE_DTYPES:
+        raise ValueError(f"scales must be one of {SCALE_DTYPES}")
     expected = (*data.shape[:-1], k // group)
     _require(tuple(scales.shape) == expected, f"scales shape {tuple(scales.shape)}, expected {expected}")
     _require(scales.is_contiguous(), "scales must be contiguous")
@@ -121,7 +123,7 @@ def combine_shape(y: torch.Tensor, weights: torch.Tensor) -> tuple[int, int, int
         f"weights must be contiguous FP32 {tuple(y.shape[:2])}, got {tuple(weights.shape)} {weights.dtype}",
     )
     _require(weights.device == y.device, "y and weights must share a device")
-    return tuple(y.shape)
+    return y.shape[0], y.shape[1], y.shape[2]
 
 
 def output(

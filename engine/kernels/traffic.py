@@ -19,6 +19,8 @@ def weight_bytes(fmt: str, n: int, k: int, group: int | None) -> int:
     """Stored bytes of one ``[n, k]`` weight in ``fmt`` (``int4``, ``int8`` or ``dense`` BF16)."""
     if fmt == "dense":
         return n * k * ACTIVATION_BYTES
+    if group is None:
+        raise ValueError(f"{fmt} weights need a group size")
     return quantized_nbytes((n, k), fmt, group, torch.bfloat16)
 
 

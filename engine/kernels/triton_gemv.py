@@ -401,6 +401,8 @@ def _tile_shape(fmt: str, group: int | None, words: int) -> tuple[int, int]:
     scale once per part."""
     if fmt == "dense":
         return 1, words
+    if group is None:
+        raise ValueError(f"{fmt} weights need a group size")
     group_words = group // _VALUES_PER_WORD[fmt]
     part = min(group_words & -group_words, 4)
     return words // part, part

@@ -58,6 +58,6 @@ class SharedInputLinears:
     def __call__(self, owner: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """name -> that projection of x, for every name given at construction."""
         out = {}
-        if self.fused:
+        if self.weight is not None:  # set exactly when there is a fused group
             out = dict(zip(self.fused, F.linear(x, self.weight).split(self.sizes, -1), strict=True))
         return {n: out[n] if n in out else getattr(owner, n)(x) for n in self.names}

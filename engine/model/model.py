@@ -3,6 +3,8 @@ layer's routed experts are stacked into `block_sparse_moe.experts.{w1,w2,w3}`.""
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import nn
 
@@ -44,7 +46,8 @@ class DecoderLayer(nn.Module):
     def decode(self, x: torch.Tensor, state: KDAState | MLAState, cache: SequenceCache) -> torch.Tensor:
         normed = self.input_layernorm(x)
         if self.is_mla:
-            x = x + self.self_attn.decode(normed, state, cache.position, cache.slots)
+            # is_mla: the attention is MultiheadLatentAttention and the state its MLAState
+            x = x + self.self_attn.decode(normed, state, cache.position, cache.slots)  # type: ignore[operator, arg-type]
         else:
             x = x + self.self_attn(normed, state)
         return x + self.ffn(self.post_attention_layernorm(x))
@@ -130,7 +133,8 @@ class KimiLinearForCausalLM(nn.Module):
         position += 1): it never reads the host-side length, so it can be compiled or graph-captured once
         per cache and replayed. The caller checks room first and advances the host length after."""
         x = self.model.embed_tokens(token_ids.view(-1, 1))
-        for layer, state in zip(self.model.layers, cache.layers, strict=True):
+        layers = cast("list[DecoderLayer]", self.model.layers)  # an nn.ModuleList of them
+        for layer, state in zip(layers, cache.layers, strict=True):
             x = layer.decode(x, state, cache)
         logits = self.lm_head(self.model.norm(x[:, 0]))
         cache.position.add_(1)

@@ -180,7 +180,7 @@ class SparseMoE(nn.Module):
     def __init__(self, cfg: KimiLinearConfig, *, dtype=None, device=None):
         super().__init__()
         self.gate = Router(cfg, device=device)
-        self.experts = ExpertBank(cfg, dtype=dtype, device=device)
+        self.experts: nn.Module = ExpertBank(cfg, dtype=dtype, device=device)  # or a packed bank
         shared = cfg.moe_intermediate_size * cfg.num_shared_experts
         self.shared_experts = MLP(cfg.hidden_size, shared, dtype=dtype, device=device) if shared else None
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine.codec import INT4_MAX, INT8_MAX, quantize
+from engine.codec import INT4_MAX, INT8_MAX, group_scales, quantize
 from engine.model.checkpoint_spec import TensorSpec, checkpoint_tensors
 from engine.model.config import ConfigError, KimiLinearConfig
 from engine.progress import ProgressFactory, no_progress
@@ -103,7 +103,9 @@ def plan_units(specs: dict[str, TensorSpec], plan: Plan) -> list[Unit]:
     for name in specs:
         if name in banked:
             # A layer's banks are emitted where its first expert tensor is stored.
-            layer = int((_EXPERT.match(name) or _SHARED.match(name))[1])
+            match = _EXPERT.match(name) or _SHARED.match(name)
+            assert match is not None  # banked names are expert tensors
+            layer = int(match[1])
             layer_banks = banks.pop(layer, {})
             units.extend(layer_banks[p] for p in BANK_PROJECTIONS if p in layer_banks)
             continue
@@ -148,7 +150,7 @@ def _encode(tensor: torch.Tensor, precision: str, plan: Plan) -> dict[str, torch
     """The stored parts (``codes``/``scales`` or ``tensor``) of one source tensor, on its device."""
     if precision in ("int4", "int8"):
         weight = quantize(tensor, precision, plan.group_size, plan.scale_torch_dtype)
-        return {"codes": weight.data, "scales": weight.scales}
+        return {"codes": weight.data, "scales": group_scales(weight)[1]}
     if precision == "bf16":
         return {"tensor": tensor.to(torch.bfloat16)}
     return {"tensor": tensor}

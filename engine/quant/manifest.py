@@ -41,7 +41,7 @@ class ArtifactError(RuntimeError):
 def sha256_tensor(tensor: torch.Tensor) -> str:
     """SHA-256 of a tensor's bytes as safetensors stores them (C order, little endian)."""
     flat = tensor.detach().contiguous().reshape(-1)
-    return hashlib.sha256(flat.view(torch.uint8).cpu().numpy()).hexdigest()
+    return hashlib.sha256(flat.view(torch.uint8).cpu().numpy().data).hexdigest()
 
 
 def sha256_file(path: Path, on_bytes=None) -> str:

@@ -37,6 +37,10 @@ def _packed_for(v: Variant, codes: torch.Tensor, scales: torch.Tensor) -> tuple[
 class PackedLinear(nn.Module):
     """``y = x @ W^T`` with ``W`` in its stored format, through the registry's GEMV for that format."""
 
+    data: torch.Tensor  # buffers
+    scales: torch.Tensor | None
+    _weight_args: tuple[torch.Tensor | int | None, ...]
+
     def __init__(self, weight: LinearWeight, selections: dict[str, Selection], *, dtype: torch.dtype):
         super().__init__()
         if weight.data.ndim != 2:
@@ -90,6 +94,13 @@ class PackedExpertBank(nn.Module):
     Decode: route table ``[N, top-k (+1)]`` -> fused gate/up SwiGLU -> grouped down projection ->
     route-weighted combine in FP32. Same ``forward`` as `engine.model.moe.ExpertBank`.
     """
+
+    w1_codes: torch.Tensor  # buffers
+    w1_scales: torch.Tensor
+    w3_codes: torch.Tensor
+    w3_scales: torch.Tensor
+    w2_codes: torch.Tensor
+    w2_scales: torch.Tensor
 
     def __init__(
         self,
@@ -162,14 +173,14 @@ class PackedExpertBank(nn.Module):
         down = tuple(t[one] for t in self._down)
         return self._grouped(hidden.squeeze(1), *down, route, self.group_size).squeeze(1)
 
-    def _dense_expert(self, slot: int, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        return tuple(
-            dequantize(LinearWeight("int4", codes[slot], scales[slot], self.group_size), dtype)
-            for codes, scales in [
-                (self.w1_codes, self.w1_scales),
-                (self.w3_codes, self.w3_scales),
-                (self.w2_codes, self.w2_scales),
-            ]
+    def _dense_expert(self, slot: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        def dense(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+            return dequantize(LinearWeight("int4", codes[slot], scales[slot], self.group_size), dtype)
+
+        return (
+            dense(self.w1_codes, self.w1_scales),
+            dense(self.w3_codes, self.w3_scales),
+            dense(self.w2_codes, self.w2_scales),
         )
 
     def extra_repr(self) -> str:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 
@@ -37,6 +37,7 @@ from engine.model.linear import Linear
 from engine.model.loading import parameter_for
 from engine.model.mla import MultiheadLatentAttention
 from engine.model.model import KimiLinearForCausalLM
+from engine.model.moe import SparseMoE
 from engine.progress import ProgressFactory, no_progress
 from engine.quant.artifact import Artifact, stored_weight
 from engine.quant.build import Unit, encode_unit, plan_units
@@ -325,7 +326,7 @@ def _install_bank(
     shared_slot: int | None,
     selections: dict[str, registry.Selection],
 ) -> None:
-    moe = model.model.layers[layer].block_sparse_moe
+    moe = cast(SparseMoE, model.model.layers[layer].block_sparse_moe)
     for projection, bank in banks.items():
         routed = getattr(moe.experts, projection).shape
         if bank.shape[1:] != routed[1:] or bank.shape[0] != routed[0] + (shared_slot is not None):

@@ -71,6 +71,13 @@ class DecodeBatch:
         self.reshapes = 0  # times the members moved into a cache of another shape
 
     @property
+    def held(self) -> Lease:
+        """The batch cache's lease, while the batch has members."""
+        if self.lease is None:
+            raise RuntimeError("the decode batch is empty: it holds no cache")
+        return self.lease
+
+    @property
     def rows(self) -> int:
         return 0 if self.lease is None else self.lease.cache.batch_size
 
@@ -93,7 +100,7 @@ class DecodeBatch:
         return joined
 
     def _join(self, newcomers: list[tuple[Sequence, Sampler]]) -> bool:
-        fresh = [Member(seq, sampler, row=-1, length=seq.lease.cache.length) for seq, sampler in newcomers]
+        fresh = [Member(seq, sampler, row=-1, length=seq.held.cache.length) for seq, sampler in newcomers]
         members = [*self.members, *fresh]
         rows = max(bucket_for(len(members)), self.rows)
         capacity = max(self.pool.capacity_for(max(m.wanted for m in members)), self.capacity)
@@ -104,9 +111,9 @@ class DecodeBatch:
         free = sorted(set(range(self.rows)) - {m.row for m in self.members})
         for member, row in zip(fresh, free, strict=False):
             member.row = row
-            move_row(member.seq.lease.cache, None, member.length, self.lease.cache, row)
+            move_row(member.seq.held.cache, None, member.length, self.held.cache, row)
             self.members.append(member)
-            self.pool.give_back(member.seq.lease)
+            self.pool.give_back(member.seq.held)
             member.seq.lease = None
         return True
 
@@ -115,7 +122,7 @@ class DecodeBatch:
         the last (a smaller bucket is taken at the next step, so rows that leave together move once)."""
         self.members = [m for m in self.members if m.seq is not seq]
         if not self.members:
-            self.pool.give_back(self.lease)
+            self.pool.give_back(self.held)
             self.pool.unreserve(self.excess_bytes)
             self.lease, self.excess_bytes = None, 0
         else:
@@ -137,12 +144,12 @@ class DecodeBatch:
         if (rows, capacity) != (self.rows, self.capacity):
             self._settle(self.members, rows, capacity, force=True)
             self._reshape(rows, capacity)
-        cache = self.lease.cache
+        cache = self.held.cache
         tokens = [0] * self.rows
         for m in self.members:
             tokens[m.row] = m.seq.generated[-1][0]
         cache.length = longest  # the runner checks room for the longest row
-        logits = self.lease.runner.step(torch.tensor(tokens, device=cache.device))
+        logits = self.held.decoder.step(torch.tensor(tokens, device=cache.device))
         sampled = []
         for m in self.members:
             m.length += 1
@@ -169,9 +176,9 @@ class DecodeBatch:
     def _reshape(self, rows: int, capacity: int) -> None:
         """Move the members into a pool cache of `rows` x `capacity` (its bytes already reserved)."""
         old, self.lease = self.lease, self.pool.take(capacity, rows)
-        for row, m in enumerate(self.members):
-            move_row(old.cache, m.row, m.length, self.lease.cache, row)
-            m.row = row
-        if old is not None:
+        if old is not None:  # members only ever sit in a held cache
+            for row, m in enumerate(self.members):
+                move_row(old.cache, m.row, m.length, self.lease.cache, row)
+                m.row = row
             self.pool.give_back(old)
         self.reshapes += 1

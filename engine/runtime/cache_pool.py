@@ -26,6 +26,12 @@ class Lease:
     runner: DecodeRunner | None  # None: a cache only prefilled into (its sequence joins the decode batch)
     nbytes: int
 
+    @property
+    def decoder(self) -> DecodeRunner:
+        if self.runner is None:
+            raise RuntimeError("this cache was leased for prefill only: it has no decode runner")
+        return self.runner
+
 
 class CachePool:
     def __init__(
@@ -94,9 +100,9 @@ class CachePool:
         """An empty cache for `tokens` tokens (reused if one is idle); its bytes must be reserved.
         `decoding=False`: only prefilled into, so it needs no decode runner (nothing compiled for it)."""
         capacity = self.capacity_for(tokens)
-        idle = self._idle.get(capacity)
+        idle = self._idle.get(capacity, [])
         fits = lambda x: x.cache.batch_size == batch and (x.runner is not None or not decoding)
-        lease = next((x for x in idle or [] if fits(x)), None)
+        lease = next((x for x in idle if fits(x)), None)
         if lease is not None:
             idle.remove(lease)
             if not idle:

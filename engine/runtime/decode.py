@@ -37,7 +37,7 @@ class DecodeRunner:
         *,
         cuda_graph: bool,
         compiled: bool = False,
-        graph_pool: tuple | None = None,
+        graph_pool: torch.cuda._POOL_HANDLE | None = None,
     ):
         if cuda_graph and cache.device.type != "cuda":
             raise ValueError("CUDA graphs need a cache on a CUDA device")
@@ -65,7 +65,7 @@ class DecodeRunner:
         for _ in range(steps):
             self._step(self.tokens, self.cache)
 
-    def _capture(self, pool: tuple | None) -> None:
+    def _capture(self, pool: torch.cuda._POOL_HANDLE | None) -> None:
         """Capture on an empty cache, then empty it again: the warm-up steps really run and write it."""
         side = torch.cuda.Stream(device=self.cache.device)
         side.wait_stream(torch.cuda.current_stream(self.cache.device))
@@ -83,7 +83,7 @@ class DecodeRunner:
         by the next step: read (sample) them before calling again."""
         self.cache.check_room(1)
         self.tokens.copy_(token_ids)
-        if self.graph is None:
+        if self.graph is None or self.logits is None:  # not captured (logits: the graph's output)
             logits = self._step(self.tokens, self.cache)
         else:
             self.graph.replay()

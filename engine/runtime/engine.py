@@ -84,6 +84,13 @@ class Sequence:
     generated: list[list[int]] = field(default_factory=list)
 
     @property
+    def held(self) -> Lease:
+        """Its own cache's lease, while it has one."""
+        if self.lease is None:
+            raise RuntimeError("the sequence joined the decode batch: it has no cache of its own")
+        return self.lease
+
+    @property
     def batch_size(self) -> int:
         return len(self.prompt_ids)
 
@@ -265,7 +272,7 @@ class Engine:
             self.pool.give_back(lease)
         finally:
             self.pool.unreserve(nbytes)
-        return lease.runner.compile_s
+        return lease.decoder.compile_s
 
     # ------------------------------------------------------------------ step-wise API
 
@@ -302,7 +309,7 @@ class Engine:
             pending = torch.tensor(prompts, dtype=torch.long, device=self.device)
             seq = Sequence(prompts, max_new_tokens, lease, reservation, pending)
             if batch == 1 and self.prefix_cache is not None:
-                self._restore_prefix(seq)
+                self._restore_prefix(seq, self.prefix_cache)
         except BaseException:
             if lease is not None:
                 self.pool.give_back(lease)
@@ -310,14 +317,14 @@ class Engine:
             raise
         return seq
 
-    def _restore_prefix(self, seq: Sequence) -> None:
-        snapshot = self.prefix_cache.lookup(seq.prompt_ids[0])
+    def _restore_prefix(self, seq: Sequence, prefix_cache: PrefixCache) -> None:
+        snapshot = prefix_cache.lookup(seq.prompt_ids[0])
         if snapshot is None:
             return
-        restore_snapshot(snapshot, seq.lease.cache)
+        restore_snapshot(snapshot, seq.held.cache)
         seq.cached_tokens = snapshot.length
         seq.pending = seq.pending[:, snapshot.length :]
-        if seq.prefilled:  # the very same prompt again: its logits were kept too
+        if seq.prefilled and snapshot.logits is not None:  # the very same prompt again: its logits were kept
             seq.logits = snapshot.logits.to(self.device, copy=True)
 
     def prefill_step(self, seq: Sequence, max_tokens: int | None = None) -> bool:
@@ -327,7 +334,7 @@ class Engine:
             size = self.plan.prefill_chunk if max_tokens is None else min(max_tokens, self.plan.prefill_chunk)
             chunk = seq.pending[:, :size]
             seq.pending = seq.pending[:, chunk.shape[1] :]
-            seq.logits = self.model.prefill(chunk, seq.lease.cache)
+            seq.logits = self.model.prefill(chunk, seq.held.cache)
             self.cap.check()
             if seq.prefilled and seq.batch_size == 1 and self.prefix_cache is not None:
                 self.prefix_cache.store(seq.prompt_ids[0], seq.lease.cache, seq.logits)
@@ -335,13 +342,13 @@ class Engine:
 
     def next_token(self, seq: Sequence, sampler: Sampler) -> list[int]:
         """Feed the previously sampled tokens (one decode step) and sample the next ones, one per prompt."""
-        if not seq.prefilled:
+        if not seq.prefilled or seq.logits is None:
             raise RuntimeError("prefill the prompt before decoding")
         if len(seq.generated) >= seq.max_new_tokens:
             raise RuntimeError(f"the sequence was admitted for {seq.max_new_tokens} new tokens")
         if seq.last_tokens is not None:
             self._grow_if_full(seq)
-            seq.logits = seq.lease.runner.step(seq.last_tokens)
+            seq.logits = seq.held.decoder.step(seq.last_tokens)
         tokens = sampler(seq.logits, self._columns(seq) if sampler.logits_processor is not None else [])
         seq.last_tokens = tokens
         ids = tokens.tolist()
@@ -375,7 +382,7 @@ class Engine:
         if self.prefix_cache is None or member is None or member.logits is None:
             return
         ids = seq.prompt_ids[0] + [g[0] for g in seq.generated[:-1]]
-        self.prefix_cache.store(ids, self.batch.lease.cache, member.logits.unsqueeze(0), row=member.row)
+        self.prefix_cache.store(ids, self.batch.held.cache, member.logits.unsqueeze(0), row=member.row)
 
     def release(self, seq: Sequence) -> None:
         """Give the sequence's cache (or its batch row) back and drop its reservation (at once: used on
@@ -389,12 +396,12 @@ class Engine:
         seq.reservation = 0
 
     def _grow_if_full(self, seq: Sequence) -> None:
-        cache = seq.lease.cache
+        cache = seq.held.cache
         if cache.length < cache.max_len:
             return
         bigger = self.pool.take(min(seq.capacity, 2 * cache.max_len), seq.batch_size)
         transfer(cache, bigger.cache)
-        self.pool.give_back(seq.lease)
+        self.pool.give_back(seq.held)
         seq.lease = bigger
 
     # ------------------------------------------------------------------ whole-call API (benchmarks, tests)

@@ -156,6 +156,7 @@ def open_model_source(
             seed=seed,
             plan=plan,
         )
+    assert weights is not None  # exactly one of weights and synthetic (checked above)
     path = Path(weights)
     if (path / MANIFEST_NAME).exists():
         if quant is not None:

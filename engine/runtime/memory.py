@@ -200,10 +200,10 @@ def plan_memory(
         )
 
     def fits(p: MemoryPlan) -> bool:
-        return p.cap_bytes is None or p.cache_budget_bytes >= p.cache_bytes_max_context
+        return (budget := p.cache_budget_bytes) is None or budget >= p.cache_bytes_max_context
 
     plan = plan_for(max_context)
-    if fits(plan):
+    if cap_bytes is None or fits(plan):
         return plan
     total = plan.fixed_bytes + plan.cache_bytes_max_context
     needed = f"{_gib(total)} GiB (weights {_gib(weights_bytes)}"
@@ -247,7 +247,7 @@ def check_ram(plan: MemoryPlan, ram_bytes: int | None = None) -> None:
         )
 
 
-def _gib(n: int | None) -> str:
+def _gib(n: int) -> str:
     return f"{n / GIB:.2f}"
 
 

@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 
@@ -309,13 +310,13 @@ class Scheduler:
             seq = active.seq
             n = min(budget, seq.pending.shape[1])
             budget -= n
-            done = self._guarded(active, lambda seq=seq, n=n: self.engine.prefill_step(seq, n))
+            done = self._guarded(active, partial(self.engine.prefill_step, seq, n))
             if isinstance(done, bool):
                 active.prefill.step(seq)
             if done is True:
-                token = self._guarded(active, lambda a=active: self.engine.next_token(a.seq, a.sampler)[0])
-                if isinstance(token, int):
-                    self._deliver(active, token)
+                tokens = self._guarded(active, partial(self.engine.next_token, active.seq, active.sampler))
+                if isinstance(tokens, list):  # else the error that ended it
+                    self._deliver(active, tokens[0])
         return self.prefill_budget - budget
 
     def _join(self) -> None:

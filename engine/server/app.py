@@ -51,7 +51,7 @@ class ServerContext:
 
     def __post_init__(self) -> None:
         tok = self.engine.tokenizer
-        stops = {tok.eos_id, self.engine.model.config.eos_token_id}
+        stops = {i for i in (tok.eos_id, self.engine.model.config.eos_token_id) if i is not None}
         stops |= {tok.special_tokens[name] for name in STOP_TOKEN_NAMES if name in tok.special_tokens}
         self.stop_token_ids = frozenset(stops)
         self.created = int(time.time())
@@ -426,7 +426,8 @@ def create_app(context: ServerContext, api_key: str | None = None) -> Starlette:
             Route("/version", version, methods=["GET"]),
         ],
         middleware=[Middleware(Observed, metrics=observed, api_key=api_key)],
-        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},
+        # Starlette types every handler as taking any Exception; each of these gets only its own class
+        exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _server_error},  # type: ignore[dict-item]
         lifespan=lifespan,
     )
     app.state.context = context

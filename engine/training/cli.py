@@ -37,7 +37,7 @@ def trained_checkpoint(
     """The cached checkpoint of `recipe` (path, True), or train, write and cache it (path, False)."""
     with tempfile.TemporaryDirectory() as tmp:
         # the tokenizer the preset's synthetic checkpoints ship (write_checkpoint writes it again)
-        write_synthetic_tokenizer(tmp, PRESETS[recipe.preset].bos_token_id)
+        write_synthetic_tokenizer(tmp, PRESETS[recipe.preset].bos_token_id or 256)
         tokenizer = Tokenizer.from_dir(tmp)
         tokenizer_sha = hashlib.sha256((Path(tmp) / TIKTOKEN_FILE).read_bytes()).hexdigest()
         corpus = build_corpus(Path(tmp), cache_dir, corpus_root)
@@ -53,7 +53,7 @@ def trained_checkpoint(
 
 
 def _train_into(recipe: Recipe, corpus: Corpus, tokenizer: Tokenizer, out: Path, *, progress: bool) -> None:
-    length = recipe.steps if recipe.steps is not None else round(recipe.minutes * 60)
+    length = recipe.steps if recipe.steps is not None else round(recipe.seconds)
     label = f"training {recipe.preset}"
     with progress_bar(length=length, label=label, show=progress, item_show_func=lambda s: s) as bar:
 

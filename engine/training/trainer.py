@@ -71,6 +71,13 @@ class Recipe:
         )
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
+    @property
+    def seconds(self) -> float:
+        """The wall-time budget of a recipe that gives minutes rather than steps."""
+        if self.minutes is None:
+            raise ValueError("this recipe gives steps, not minutes")
+        return self.minutes * 60
+
 
 # Per-preset defaults (the CLI's --steps/--minutes override the length). Sized for the goals on 2 quiet
 # cores: tiny in well under 5 minutes; small near 30 minutes (extrapolated from CPU time on a loaded
@@ -166,7 +173,8 @@ def update_router_biases(loads: dict[Router, torch.Tensor], rate: float) -> None
 
 
 def _optimizer(model: KimiLinearForCausalLM, recipe: Recipe) -> torch.optim.AdamW:
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for name, p in model.named_parameters():
         if p.requires_grad:
             (no_decay if name.endswith(_NO_DECAY) else decay).append(p)
@@ -207,9 +215,9 @@ def train(
                     break
                 fraction = step / recipe.steps
             else:
-                if elapsed >= recipe.minutes * 60:
+                if elapsed >= recipe.seconds:
                     break
-                fraction = elapsed / (recipe.minutes * 60)
+                fraction = elapsed / recipe.seconds
             starts = torch.randint(
                 0, data.numel() - recipe.seq_len - 1, (recipe.batch_size, 1), generator=generator
             )
