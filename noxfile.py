@@ -8,7 +8,7 @@ nox -s accuracy       quantised against unquantised model, per plan and group si
 nox -s bench-llamacpp our engine against llama.cpp on the same model (builds llama.cpp's tools once)
 nox -s bench-serve    serving benchmark: our engine and llama-server, each directly and through k3 (or args)
 nox -s audit          check that every number shown comes from a receipt
-nox -s typecheck      mypy over common/, k3/ and harness/
+nox -s typecheck      mypy over common/, engine/, k3/ and harness/ (what CI runs after the tests)
 nox -s conformance    real coding agents through k3 (receipt + docs/CLIENTS.md)
 """
 
@@ -57,10 +57,9 @@ def conformance(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    """mypy over common/, k3/ and harness/ (settings under [tool.mypy] in pyproject.toml; args go to mypy).
-
-    Not part of CI yet: it still reports errors on main (see issue 19)."""
-    install(session, "test")
+    """mypy over common/, engine/, k3/ and harness/ (settings under [tool.mypy] in pyproject.toml; args go
+    to mypy). Installs the project too: mypy reads torch's and the other libraries' own type information."""
+    install(session, "typecheck")
     session.run("mypy", *session.posargs)
 
 
