@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 import torch
 
+from common.click_options import count_option
 from engine.cli_options import device_option, dtype_option, resolve_device, resolve_dtype, synthetic_option
 from engine.model import Checkpoint, KimiLinearForCausalLM, Tokenizer, load_model, preset, sample
 from engine.model.checkpoint_spec import checkpoint_tensors
@@ -197,12 +198,8 @@ def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype
     "--plans", default=",".join(PLANS), show_default=True, help="Quantisation plans, comma-separated."
 )
 @click.option("--groups", default="32,64,128", show_default=True, help="Group sizes, comma-separated.")
-@click.option(
-    "--sequences", type=click.IntRange(1), default=8, show_default=True, help="Evaluation sequences."
-)
-@click.option(
-    "--seq-len", type=click.IntRange(2), default=128, show_default=True, help="Tokens per sequence."
-)
+@count_option("--sequences", default=8, help="Evaluation sequences.")
+@count_option("--seq-len", default=128, minimum=2, help="Tokens per sequence.")
 @click.option(
     "--text",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -210,26 +207,16 @@ def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype
     help="Evaluate on this text (tokenised with the checkpoint's tokenizer). Default: the checkpoint's "
     "heldout.txt when it has one (trained checkpoints), else text sampled from the unquantised model.",
 )
-@click.option(
+@count_option(
     "--prompts",
-    type=click.IntRange(1),
     default=4,
-    show_default=True,
     help="Greedy prompts: the first --prompt-len tokens of the first evaluation sequences.",
 )
-@click.option(
-    "--prompt-len",
-    type=click.IntRange(1),
-    default=16,
-    show_default=True,
-    help="Prompt tokens before the greedy continuation is compared.",
-)
-@click.option(
+@count_option("--prompt-len", default=16, help="Prompt tokens before the greedy continuation is compared.")
+@count_option(
     "--greedy-tokens",
     "greedy_tokens_n",
-    type=click.IntRange(1),
     default=32,
-    show_default=True,
     help="Greedy tokens generated per prompt, compared token for token.",
 )
 @device_option()

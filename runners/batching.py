@@ -24,6 +24,7 @@ import time
 import click
 import torch
 
+from common.click_options import count_option
 from common.memory_cap import MemoryCap
 from engine.cli_options import (
     device_option,
@@ -120,23 +121,9 @@ def measure(engine: Engine, concurrency: int, prompt_tokens: int, gen_tokens: in
     show_default=True,
     help="Requests in flight at once, comma-separated; 1 is the baseline of speedup_vs_c1.",
 )
-@click.option(
-    "--prompt-tokens", type=click.IntRange(1), default=64, show_default=True, help="Tokens per prompt."
-)
-@click.option(
-    "--gen-tokens",
-    type=click.IntRange(2),
-    default=32,
-    show_default=True,
-    help="Tokens generated per request.",
-)
-@click.option(
-    "--repeats",
-    type=click.IntRange(1),
-    default=2,
-    show_default=True,
-    help="Timed rounds per concurrency (after one untimed warm-up round).",
-)
+@count_option("--prompt-tokens", default=64, help="Tokens per prompt.")
+@count_option("--gen-tokens", default=32, minimum=2, help="Tokens generated per request.")
+@count_option("--repeats", default=2, help="Timed rounds per concurrency (after one untimed warm-up round).")
 @memory_cap_option()
 @step_option
 @threads_option("torch")

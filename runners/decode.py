@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 import torch
 
+from common.click_options import count_option
 from common.memory_cap import MemoryCap
 from engine.cli_options import (
     NO_QUANT,
@@ -169,13 +170,7 @@ def step_method(graphs: bool, compiled: bool) -> str:
     default=None,
     help="Decode steps timed per repeat. Default: 32 on the CPU, 64 on a GPU.",
 )
-@click.option(
-    "--repeats",
-    type=click.IntRange(1),
-    default=3,
-    show_default=True,
-    help="Timed generations per configuration (after one untimed warm-up).",
-)
+@count_option("--repeats", default=3, help="Timed generations per configuration (after one untimed warm-up).")
 @quant_option(
     "Quantise the synthetic model in memory with this plan (docs/INT4.md) and run it through the kernel "
     f"registry. Default: {NO_QUANT} on the CPU, default on a GPU. An artifact given as --weights has its own.",

@@ -35,6 +35,7 @@ from pathlib import Path
 import click
 import torch
 
+from common.click_options import count_option
 from engine.kernels import registry
 from engine.kernels.defaults import SHIPPED_DEFAULTS
 from engine.kernels.shapes import EDGE_SHAPES, kimi_shapes
@@ -310,11 +311,10 @@ TAR_NAME, SUMMARY_NAME = "gpu-check-receipts.tar", "gpu-check-summary.txt"
     help="Run the same steps on the CPU at the tiny preset's shapes (Triton interpreted): tests the "
     "sequence without a GPU; the receipts measure nothing.",
 )
-@click.option(
+@count_option(
     "--budget-s",
-    type=click.IntRange(30),
     default=BUDGET_S,
-    show_default=True,
+    minimum=30,
     help="Seconds for the whole run; a step starts only with its full timeout left, else it is skipped.",
 )
 def gpu_check_command(out: Path, dry_run: bool, budget_s: int) -> None:

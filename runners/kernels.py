@@ -23,6 +23,7 @@ from pathlib import Path
 import click
 import torch
 
+from common.click_options import count_option
 from engine.cli_options import synthetic_option
 from engine.kernels import registry
 from engine.kernels.cases import CASES
@@ -160,18 +161,14 @@ def measure_cpu(
 @click.option(
     "--preset", "legacy_preset", type=click.Choice(list(PRESETS)), hidden=True, deprecated="use --synthetic"
 )
-@click.option(
-    "--group-size",
-    type=click.IntRange(16),
-    default=32,
-    show_default=True,
-    help="INT4/INT8 quantisation group size of the packed weights.",
+@count_option(
+    "--group-size", default=32, minimum=16, help="INT4/INT8 quantisation group size of the packed weights."
 )
 @click.option(
     "--batches", default=None, help="Batch sizes, comma-separated. Default: 1,8 on a GPU, 1 on the CPU."
 )
 @click.option("--ops", default=None, help="Operations, comma-separated (default: all).")
-@click.option("--repeats", type=click.IntRange(1), default=5, show_default=True, help="Timed samples (CPU).")
+@count_option("--repeats", default=5, help="Timed samples (CPU).")
 @threads_option("torch")
 @click.option(
     "--device",
@@ -179,11 +176,9 @@ def measure_cpu(
     default=None,
     help="Where the kernels run. Default: cuda when available.",
 )
-@click.option(
+@count_option(
     "--copy-mib",
-    type=click.IntRange(1),
     default=256,
-    show_default=True,
     help="CPU: size of each copy-bandwidth buffer (three are rotated; far above the cache by default).",
 )
 @results_option

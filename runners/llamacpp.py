@@ -26,6 +26,7 @@ from pathlib import Path
 import click
 import torch
 
+from common.click_options import count_option
 from engine.cli_options import (
     DTYPES,
     device_option,
@@ -264,17 +265,9 @@ def _llama_notes(gguf_type: str, kind: str, dtype: str) -> str:
     choices=("tiny", "small", "wide"),
     default="small",
 )
-@click.option(
-    "--prompt", "prompt_len", type=click.IntRange(1), default=128, show_default=True, help="Prompt tokens."
-)
-@click.option("--gen", type=click.IntRange(2), default=32, show_default=True, help="Generated tokens timed.")
-@click.option(
-    "--repeats",
-    type=click.IntRange(1),
-    default=3,
-    show_default=True,
-    help="Timed runs per engine and GGUF type.",
-)
+@count_option("--prompt", "prompt_len", default=128, help="Prompt tokens.")
+@count_option("--gen", default=32, minimum=2, help="Generated tokens timed.")
+@count_option("--repeats", default=3, help="Timed runs per engine and GGUF type.")
 @threads_option("both engines (llama.cpp -t and torch.set_num_threads)")
 @click.option(
     "--types", default=",".join(GGUF_TYPES), show_default=True, help="GGUF types to run, comma-separated."

@@ -22,6 +22,7 @@ import gguf
 import numpy as np
 import torch
 
+from common.click_options import count_option
 from engine.gguf_export import export_gguf
 from engine.model import Checkpoint, Tokenizer
 from engine.training.cli import HELDOUT_TEXT
@@ -78,9 +79,9 @@ def sequence_nll(llama_cpp, path: Path, windows: torch.Tensor, threads: int) -> 
 @click.option("--types", default=",".join(GGUF_TYPES), show_default=True, help="GGUF types, comma-separated.")
 @click.option("--text", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Evaluation text. Default: the checkpoint's heldout.txt.")  # fmt: skip
-@click.option("--sequences", type=click.IntRange(1), default=8, show_default=True, help="Evaluation windows.")
-@click.option("--seq-len", type=click.IntRange(2), default=128, show_default=True, help="Tokens per window.")
-@click.option("--threads", type=click.IntRange(1), default=2, show_default=True, help="llama.cpp threads.")
+@count_option("--sequences", default=8, help="Evaluation windows.")
+@count_option("--seq-len", default=128, minimum=2, help="Tokens per window.")
+@count_option("--threads", default=2, help="llama.cpp threads.")
 @results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def llamacpp_quality_command(

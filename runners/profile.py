@@ -15,6 +15,7 @@ from pathlib import Path
 import click
 import torch
 
+from common.click_options import count_option
 from engine.cli_options import (
     NO_QUANT,
     device_option,
@@ -107,14 +108,8 @@ def profile_steps(engine: Engine, context: int, steps: int, seed: int) -> dict[s
 @dtype_option(what="Weight (and activation) dtype")
 @quant_option("Quantise the synthetic model in memory with this plan (docs/INT4.md). Default: none on the CPU, "
               "default on a GPU.")  # fmt: skip
-@click.option(
-    "--context",
-    type=click.IntRange(1),
-    default=256,
-    show_default=True,
-    help="Tokens in the cache when the decode steps are profiled.",
-)
-@click.option("--steps", type=click.IntRange(1), default=16, show_default=True, help="Profiled decode steps.")
+@count_option("--context", default=256, help="Tokens in the cache when the decode steps are profiled.")
+@count_option("--steps", default=16, help="Profiled decode steps.")
 @threads_option("torch")
 @click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights and the prompt.")
 @click.option(

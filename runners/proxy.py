@@ -24,6 +24,7 @@ import click
 import httpx
 import orjson
 
+from common.click_options import count_option
 from harness.receipt import RESULTS_DIR, write_receipt
 from k3.app import create_app
 from k3.bench import DIALECTS, ROUTES, client_request
@@ -180,20 +181,8 @@ UNITS = {"direct_ms": "ms", "proxied_ms": "ms", "added_ms": "ms", "floor_ms": "m
 
 
 @click.command("proxy")
-@click.option(
-    "--iterations",
-    type=click.IntRange(2),
-    default=300,
-    show_default=True,
-    help="Timed requests per path and case.",
-)
-@click.option(
-    "--warmup",
-    type=click.IntRange(0),
-    default=30,
-    show_default=True,
-    help="Untimed requests per case before the timed ones.",
-)
+@count_option("--iterations", default=300, minimum=2, help="Timed requests per path and case.")
+@count_option("--warmup", default=30, minimum=0, help="Untimed requests per case before the timed ones.")
 @click.option(
     "--clients",
     default="1,4,8,32,64,128",
@@ -213,11 +202,10 @@ UNITS = {"direct_ms": "ms", "proxied_ms": "ms", "added_ms": "ms", "floor_ms": "m
     show_default=True,
     help="Seconds per load level.",
 )
-@click.option(
+@count_option(
     "--warm-streams",
-    type=click.IntRange(0),
     default=1000,
-    show_default=True,
+    minimum=0,
     help="Streamed turns k3 serves before the first load level (leaks build up over turns).",
 )
 @click.option(
@@ -305,9 +293,7 @@ GATED = ("asgi.anthropic.json", "asgi.anthropic.stream", "asgi.responses.stream"
     help="Allowed growth of the loopback-socket median added latency, in percent: scheduling noise on a "
     "loaded 2-core machine moves it far more than the in-process figure.",
 )
-@click.option(
-    "--iterations", type=click.IntRange(2), default=300, show_default=True, help="Timed requests per case."
-)
+@count_option("--iterations", default=300, minimum=2, help="Timed requests per case.")
 @click.option(
     "--load-floor",
     type=float,

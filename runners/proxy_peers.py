@@ -25,6 +25,7 @@ import click
 import httpx
 import orjson
 
+from common.click_options import count_option
 from common.listen import free_port
 from harness.receipt import write_receipt
 from k3.bench import DIALECTS, ROUTES, client_request
@@ -128,13 +129,7 @@ def _servers(scratch: Path):
 @click.command("proxy-peers")
 @click.option("--iterations", type=click.IntRange(2), default=200, show_default=True,
               help="Timed requests per path and case.")  # fmt: skip
-@click.option(
-    "--warmup",
-    type=click.IntRange(0),
-    default=20,
-    show_default=True,
-    help="Untimed requests per case before the timed ones.",
-)
+@count_option("--warmup", default=20, minimum=0, help="Untimed requests per case before the timed ones.")
 @results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
 def proxy_peers_command(iterations, warmup, results, no_regenerate) -> None:  # fmt: skip

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 import torch
 
+from common.click_options import count_option
 from engine.model.loading import TRAINING_RECORD
 from engine.training.cli import CACHE_DIR, trained_checkpoint
 from engine.training.trainer import DEFAULT_RECIPES, recipe_for
@@ -26,9 +27,7 @@ from runners.regenerate import regenerate
 @click.option(
     "--seed", type=int, default=0, show_default=True, help="Seed of the initialisation and batches."
 )
-@click.option(
-    "--threads", type=click.IntRange(1), default=1, show_default=True, help="CPU threads for torch."
-)
+@count_option("--threads", default=1, help="CPU threads for torch.")
 @click.option("--corpus", "corpus_root", type=click.Path(exists=True, file_okay=False, path_type=Path),
               help="Train on the .py files under this directory instead of the standard library.")  # fmt: skip
 @click.option("--cache-dir", type=click.Path(file_okay=False, path_type=Path), default=CACHE_DIR,

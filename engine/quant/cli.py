@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 import torch
 
+from common.click_options import count_option
 from engine.codec import SCALE_DTYPES, CodecError
 from engine.progress import stderr_progress
 from engine.quant.build import build_artifact
@@ -37,9 +38,7 @@ Plans: {_plan_help()}.""",
 @click.option("--group-size", type=int, help="Inputs per scale (power of two >= 16; plan default 32).")
 @click.option("--lm-head", type=click.Choice(HEAD_PRECISIONS), help="Override the plan's LM head precision.")
 @click.option("--scale-dtype", type=click.Choice(sorted(SCALE_DTYPES)), help="Override the scale dtype.")
-@click.option(
-    "--shard-mib", type=click.IntRange(min=1), default=2048, show_default=True, help="Output shard size."
-)
+@count_option("--shard-mib", default=2048, help="Output shard size.")
 @click.option("--device", default="auto", show_default=True, help="Where to quantise: cpu, cuda, or auto.")
 @click.option("--force", is_flag=True, help="Replace DST if it is an existing artifact.")
 @click.option(
@@ -84,13 +83,7 @@ def quantize(src, dst, plan_name, group_size, lm_head, scale_dtype, shard_mib, d
 @click.option(
     "--no-source", is_flag=True, help="Skip the round trip; only check hashes and self-consistency."
 )
-@click.option(
-    "--sample",
-    type=click.IntRange(min=0),
-    default=16,
-    show_default=True,
-    help="Source tensors (or bank slots) to round-trip.",
-)
+@count_option("--sample", default=16, minimum=0, help="Source tensors (or bank slots) to round-trip.")
 @click.option("--all", "check_all", is_flag=True, help="Round-trip every tensor instead of a sample.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the sample.")
 def verify(directory, source, no_source, sample, check_all, seed) -> None:

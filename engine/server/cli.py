@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from common.click_options import count_option
 from common.listen import listening_socket
 from common.logs import configure_logging, log_format_option
 from engine.cli_options import (
@@ -60,28 +61,24 @@ from engine.runtime.kda_kernels import KDA_KERNELS
 @device_option()
 @dtype_option()
 @memory_cap_option("Memory the weights, one --max-context sequence and the workspaces are planned under")
-@click.option(
+@count_option(
     "--max-context",
-    type=click.IntRange(min=2),
     default=65536,
-    show_default=True,
+    minimum=2,
     help="Longest sequence (prompt + output); refused at start-up if it cannot fit under the cap. The "
     "default holds Claude Code's first request (25 tools) in the synthetic and trained models' tokens.",
 )
 @prefill_chunk_option
-@click.option(
+@count_option(
     "--max-sequences",
-    type=click.IntRange(min=1),
     default=4,
-    show_default=True,
     help="Sequences in flight at once; they decode together, one batched step for all (a compiled step is "
     "warmed up at start for every batch bucket 1, 2, 4, ... up to this).",
 )
-@click.option(
+@count_option(
     "--max-queue",
-    type=click.IntRange(min=0),
     default=16,
-    show_default=True,
+    minimum=0,
     help="Requests that may wait for a free sequence slot; beyond that, 429 with Retry-After.",
 )
 @click.option(

@@ -1,0 +1,13 @@
+"""Click option shapes the command lines (engine, runners) repeat, spelled once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+
+def count_option(*decls: str, default: int, help: str, minimum: int = 1) -> Callable[[Any], Any]:
+    """A whole-number option of at least `minimum` with a default shown in --help."""
+    return click.option(*decls, type=click.IntRange(minimum), default=default, show_default=True, help=help)
