@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from engine.runtime.cache_pool import CachePool, Lease
+from engine.runtime.cache_pool import CachePool, Lease, required_lease
 from engine.runtime.sampling import Sampler
 from engine.runtime.state import move_row
 
@@ -73,9 +73,7 @@ class DecodeBatch:
     @property
     def held(self) -> Lease:
         """The batch cache's lease, while the batch has members."""
-        if self.lease is None:
-            raise RuntimeError("the decode batch is empty: it holds no cache")
-        return self.lease
+        return required_lease(self.lease, "the decode batch is empty: it holds no cache")
 
     @property
     def rows(self) -> int:

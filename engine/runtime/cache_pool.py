@@ -33,6 +33,13 @@ class Lease:
         return self.runner
 
 
+def required_lease(lease: Lease | None, why_none: str) -> Lease:
+    """`lease`, or a RuntimeError saying why there is none (an empty batch, a sequence in the batch)."""
+    if lease is None:
+        raise RuntimeError(why_none)
+    return lease
+
+
 class CachePool:
     def __init__(
         self,

@@ -32,7 +32,7 @@ from engine.model.mla import MultiheadLatentAttention
 from engine.model.mlp import MLP
 from engine.quant import ArtifactError, kernel_variants, use_kernels
 from engine.runtime.batch import DecodeBatch
-from engine.runtime.cache_pool import CachePool, Lease
+from engine.runtime.cache_pool import CachePool, Lease, required_lease
 from engine.runtime.compiled import check_step, default_step
 from engine.runtime.kda_kernels import select_kda_kernel, use_kda_kernel
 from engine.runtime.loader import ModelSource, ModelSourceError, open_model_source
@@ -86,9 +86,7 @@ class Sequence:
     @property
     def held(self) -> Lease:
         """Its own cache's lease, while it has one."""
-        if self.lease is None:
-            raise RuntimeError("the sequence joined the decode batch: it has no cache of its own")
-        return self.lease
+        return required_lease(self.lease, "the sequence joined the decode batch: it has no cache of its own")
 
     @property
     def batch_size(self) -> int:
