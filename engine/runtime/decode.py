@@ -23,8 +23,8 @@ _WARMUP_STEPS = 2  # lazy initialisation (cuBLAS handles, workspace) must happen
 def graph_capturable(model: KimiLinearForCausalLM, batch: int) -> bool:
     """Whether a decode step of `batch` sequences has static shapes and no host reads (so it can be
     captured in a CUDA graph, or compiled in one graph), i.e. every expert bank takes a
-    sync-free path: up to `DECODE_MAX_ROWS` rows, a dense `ExpertBank` gathers the union of the rows'
-    experts and a `PackedExpertBank` runs its kernels; beyond, both group by expert on the host."""
+    sync-free path: up to `DECODE_MAX_ROWS` rows, a dense `ExpertBank` runs one expert slot per row and
+    choice and a `PackedExpertBank` runs its kernels; beyond, both group by expert on the host."""
     has_banks = any(isinstance(m, ExpertBank | PackedExpertBank) for m in model.modules())
     return batch <= DECODE_MAX_ROWS or not has_banks
 

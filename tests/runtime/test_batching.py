@@ -1,8 +1,8 @@
 """Continuous batching: every running sequence decodes in one step, with its own length, sampling and
 slot; a long prompt arriving mid-stream delays the running streams by one chunk per step at most.
 
-Near ties: batched and alone runs sum in a different order (one expert slot per row and choice, padded rows), so their
-logits agree to FP32 rounding, not bit for bit. A greedy token may then differ only where the alone
+Near ties: batched and alone runs sum in a different order (padded rows, other GEMM blocking), so
+their logits agree to FP32 rounding, not bit for bit. A greedy token may then differ only where the alone
 run's top two logits are within TIE_TOLERANCE of each other; `assert_same_greedy` checks each
 difference against the reference's margin there and compares no further (the texts diverge after it).
 """
