@@ -1,4 +1,4 @@
-"""The decode step compiled with Inductor: the tensor work of one token, compiled once per cache.
+"""The decode step compiled with Inductor: the tensor work of one token, compiled once per batch size.
 
 `KimiLinearForCausalLM.decode_tensors` is the pure device work of a step (embedding -> layers -> norm ->
 head, then the device position += 1); the host bookkeeping (room check, length counter) stays outside, in
@@ -58,7 +58,7 @@ def step_option(command):
         "--step",
         type=click.Choice(STEPS),
         default=None,
-        help="Decode step: eager (the oracle), or compiled by Inductor once per cache size (its compile time "
+        help="Decode step: eager (the oracle), or compiled by Inductor once per batch size (its compile time "
         "is printed). Default: KIMI_DECODE_STEP, else compiled on the CPU, eager on a GPU.",
     )(command)
 
