@@ -64,16 +64,18 @@ def expert_ffn(
     Returns [N, hidden] in x's dtype, accumulated in FP32. This is the one function an alternative expert
     kernel replaces.
 
-    One token (batch-1 decode): gather its k experts and run batched matmuls. A few tokens (batched
-    decode): the union of their selections, each chosen expert read once for all rows. Both have shapes
-    that depend only on N and k, so the step is CUDA-graph capturable. Many (prefill): sort assignments by
-    expert and run one matmul per expert that has tokens (a host read of the counts).
+    Up to `DECODE_MAX_ROWS` tokens (decode, one row or a continuous batch): N * k expert slots, each
+    slot one expert's matrix-vector products for one row (`_expert_ffn_gathered`). The shapes depend only
+    on N and k, so the step is CUDA-graph capturable and compiles once per batch size; and Inductor turns
+    each slot's matrix-vector product into one loop that reads the chosen expert's weights in place (a
+    batched product with a single column), so no expert is copied. A union of the rows' experts (each
+    distinct expert once, N columns) reads fewer bytes when rows share experts, but its products have N
+    columns: Inductor then copies the gathered experts out and calls a GEMM, which measured 15x slower
+    at 4 rows on the CPU (and slower eagerly too). Many (prefill): sort assignments by expert and run
+    one matmul per expert that has tokens (a host read of the counts).
     """
-    n_tokens = expert_ids.shape[0]
-    if n_tokens == 1:
+    if expert_ids.shape[0] <= DECODE_MAX_ROWS:
         return _expert_ffn_gathered(x, expert_ids, expert_weights, w1, w3, w2)
-    if n_tokens <= DECODE_MAX_ROWS:
-        return _expert_ffn_union(x, expert_ids, expert_weights, w1, w3, w2)
     return grouped_expert_ffn(x, expert_ids, expert_weights, w1.shape[0], lambda e: (w1[e], w3[e], w2[e]))
 
 
@@ -84,35 +86,6 @@ def _expert_ffn_gathered(x, expert_ids, expert_weights, w1, w3, w2):
     hidden = F.silu(torch.bmm(w1[ids], xs)) * torch.bmm(w3[ids], xs)
     out = torch.bmm(w2[ids], hidden).view(n_tokens, top_k, -1)
     return (out.float() * expert_weights.unsqueeze(-1)).sum(1).to(x.dtype)
-
-
-def expert_union(
-    expert_ids: torch.Tensor, expert_weights: torch.Tensor, num_experts: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The experts any row chose, without a host read: (union [U], weights [U, N] FP32) with U =
-    min(N * k, E) fixed by the shapes. union lists each chosen expert once (sorted; the slots past the
-    distinct count repeat expert 0 with weight 0) and weights[u, n] is row n's weight for union[u]."""
-    n_tokens, top_k = expert_ids.shape
-    size = min(n_tokens * top_k, num_experts)
-    flat = expert_ids.reshape(-1)
-    sorted_ids, order = torch.sort(flat, stable=True)
-    first = torch.ones_like(sorted_ids, dtype=torch.bool)
-    first[1:] = sorted_ids[1:] != sorted_ids[:-1]
-    slot_sorted = torch.cumsum(first, 0) - 1  # union slot of each sorted assignment
-    union = sorted_ids.new_zeros(size).scatter_(0, slot_sorted, sorted_ids)
-    slot = torch.empty_like(slot_sorted).scatter_(0, order, slot_sorted)
-    row = torch.arange(n_tokens, device=flat.device).repeat_interleave(top_k)
-    weights = torch.zeros(size, n_tokens, dtype=torch.float32, device=flat.device)
-    weights.index_put_((slot, row), expert_weights.reshape(-1).float(), accumulate=True)
-    return union, weights
-
-
-def _expert_ffn_union(x, expert_ids, expert_weights, w1, w3, w2):
-    union, weights = expert_union(expert_ids, expert_weights, w1.shape[0])
-    xt = x.t()  # [hidden, N]
-    hidden = F.silu(torch.matmul(w1[union], xt)) * torch.matmul(w3[union], xt)  # [U, inter, N]
-    out = torch.matmul(w2[union], hidden)  # [U, hidden, N]
-    return torch.einsum("uhn,un->nh", out.float(), weights).to(x.dtype)
 
 
 def grouped_expert_ffn(

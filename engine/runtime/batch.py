@@ -3,8 +3,8 @@
 A sequence prefills in a one-row cache of its own (chunked, with the prefix cache, as before), then joins
 the batch: its state is copied into a free row of the batch cache. The rows are bucketed to powers of two
 (1, 2, 4, 8, ...) and the capacity is a power of two that holds the longest row, so the pool has one
-decode runner per (bucket, capacity) — compiled once, or captured once as a CUDA graph in the pool's
-shared graph memory, like any cache. A step feeds every row its last token and runs that runner once;
+decode runner per (bucket, capacity) — captured once as a CUDA graph in the pool's shared graph memory,
+like any cache; a compiled step is compiled once per bucket and serves every capacity. A step feeds every row its last token and runs that runner once;
 each row writes its own slot and masks the slots after it (`SequenceCache.position` per row), so rows of
 different lengths share the step. Idle rows run along (their outputs are ignored; a join overwrites their
 state). When the rows or the capacity needed change, the members move into a pool cache of the new shape

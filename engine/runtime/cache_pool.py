@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.model import KimiLinearForCausalLM, SequenceCache
+from engine.runtime.compiled import CompiledStep
 from engine.runtime.decode import DecodeRunner, graph_capturable
 from engine.runtime.memory import cache_bytes
 
@@ -68,6 +69,7 @@ class CachePool:
         self.graphs_captured = 0
         self.steps_compiled = 0
         self.compile_s: dict[tuple[int, int], float] = {}  # (capacity, batch) -> its latest compile time
+        self._compiled_steps: dict[int, CompiledStep] = {}  # batch -> its step, for every capacity
 
     def capacity_for(self, tokens: int) -> int:
         """The cache size for `tokens` tokens: the next power of two (at least `min_tokens`), at most the
@@ -129,7 +131,7 @@ class CachePool:
             self.model,
             cache,
             cuda_graph=self.graphs_for(batch),
-            compiled=self.compiled_for(batch),
+            compiled=self._compiled_step(batch) if self.compiled_for(batch) else None,
             graph_pool=self.graph_pool,
         )
         self.graphs_captured += runner.graph is not None
@@ -137,6 +139,11 @@ class CachePool:
             self.steps_compiled += 1
             self.compile_s[cache.max_len, batch] = runner.compile_s
         return runner
+
+    def _compiled_step(self, batch: int) -> CompiledStep:
+        if batch not in self._compiled_steps:
+            self._compiled_steps[batch] = CompiledStep(self.model)
+        return self._compiled_steps[batch]
 
     def graphs_for(self, batch: int) -> bool:
         """Whether decode steps of `batch` sequences replay a CUDA graph (else they run eagerly)."""
@@ -148,7 +155,8 @@ class CachePool:
         return self.compiled and graph_capturable(self.model, batch)
 
     def drop_idle(self) -> None:
-        """Free every idle cache and its graph (after the model's kernels changed)."""
+        """Free every idle cache and its graph, and the compiled steps (after the model's kernels changed)."""
+        self._compiled_steps.clear()
         while self._idle:
             self._drop_oldest_idle()
 

@@ -1,13 +1,16 @@
-"""The decode step compiled with Inductor: the tensor work of one token, compiled once per cache.
+"""The decode step compiled with Inductor: the tensor work of one token, compiled once per batch size.
 
 `KimiLinearForCausalLM.decode_tensors` is the pure device work of a step (embedding -> layers -> norm ->
 head, then the device position += 1); the host bookkeeping (room check, length counter) stays outside, in
 `engine.runtime.decode.DecodeRunner`. The step reads its position from the device tensor, never the host
 length, so dynamo has nothing per token to guard on: one compilation serves a whole generation.
 
-Each runner (one cache: batch, capacity, weight format) compiles its own copy of the step function, with
-its own code object, so its compiled code lives and dies with the runner, no runner's shapes are
-generalised into another's (`dynamic=False`), and dynamo's per-function recompile limit is never shared.
+One `CompiledStep` serves every cache of one batch size (the pool keeps one per bucket): the cache's
+capacity (the MLA caches' slot axis) is compiled as a dynamic size, everything else static
+(`dynamic=False`), so a batch that grows to a larger capacity mid-stream runs the code it already has
+instead of compiling on the executor thread while every stream waits. Each `CompiledStep` has its own
+copy of the step function, with its own code object, so its compiled code lives and dies with it and
+dynamo's per-function recompile limit is never shared.
 `fullgraph=True`: a graph break is an error at the first step, not a silent half-eager step. The Triton
 kernels are torch custom ops (engine/kernels/triton_gemv.py), opaque to Inductor, so packed weights trace
 in one graph too. On a GPU the runner captures the compiled function in its CUDA graph (Inductor's own
@@ -27,6 +30,7 @@ import click
 import torch
 
 from engine.model import KimiLinearForCausalLM, SequenceCache
+from engine.model.cache import MLAState
 
 STEPS = ("eager", "compiled")
 ENV_VAR = "KIMI_DECODE_STEP"
@@ -54,7 +58,7 @@ def step_option(command):
         "--step",
         type=click.Choice(STEPS),
         default=None,
-        help="Decode step: eager (the oracle), or compiled by Inductor once per cache size (its compile time "
+        help="Decode step: eager (the oracle), or compiled by Inductor once per batch size (its compile time "
         "is printed). Default: KIMI_DECODE_STEP, else compiled on the CPU, eager on a GPU.",
     )(command)
 
@@ -75,8 +79,18 @@ def _decode(model: KimiLinearForCausalLM, tokens: torch.Tensor, cache: SequenceC
     return model.decode_tensors(tokens, cache)
 
 
+def _mark_capacity_dynamic(cache: SequenceCache) -> None:
+    """Compile the capacity as a size, not a constant: the MLA caches' slot axis and the slot indices."""
+    if isinstance(cache, SequenceCache):
+        for state in cache.layers:
+            if isinstance(state, MLAState):
+                torch._dynamo.mark_dynamic(state.kv, 1)
+        torch._dynamo.mark_dynamic(cache.slots, 0)
+
+
 class CompiledStep:
-    """`model.decode_tensors(tokens, cache)` through Inductor; counts its compilations (the test hook)."""
+    """`model.decode_tensors(tokens, cache)` through Inductor, for caches of one batch size and any
+    capacity; counts its compilations (the test hook)."""
 
     def __init__(self, model: KimiLinearForCausalLM):
         self.model = model
@@ -95,6 +109,7 @@ class CompiledStep:
     def __call__(self, tokens: torch.Tensor, cache: SequenceCache) -> torch.Tensor:
         if self.compile_s is not None:
             return self._fn(self.model, tokens, cache)
+        _mark_capacity_dynamic(cache)
         start = time.perf_counter()
         logits = self._fn(self.model, tokens, cache)
         self.compile_s = time.perf_counter() - start

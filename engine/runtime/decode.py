@@ -1,14 +1,17 @@
 """One decode step for a cache, through static buffers; on a GPU, one CUDA-graph replay per token.
 
 The runner owns the input token buffer and the host bookkeeping (room check, length counter); the step
-itself is the model's `decode_tensors`, run eagerly or compiled by Inductor (engine/runtime/compiled.py,
-compiled once here, on the empty cache). With a graph, that step (eager or compiled) is captured once for
+itself is the model's `decode_tensors`, run eagerly or compiled by Inductor (engine/runtime/compiled.py:
+one compiled step per batch size, shared by the pool's runners of any capacity, compiled by the first
+runner's warm-up on its empty cache). With a graph, that step (eager or compiled) is captured once for
 its cache and every later token is a copy into that buffer plus `graph.replay()`: the step's kernels
 write the same cache buffers, read the device-side position, and leave the logits in the graph's static
 output. Without CUDA, or with graphs turned off, the same buffer goes through the step directly.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -23,8 +26,8 @@ _WARMUP_STEPS = 2  # lazy initialisation (cuBLAS handles, workspace) must happen
 def graph_capturable(model: KimiLinearForCausalLM, batch: int) -> bool:
     """Whether a decode step of `batch` sequences has static shapes and no host reads (so it can be
     captured in a CUDA graph, or compiled in one graph), i.e. every expert bank takes a
-    sync-free path: up to `DECODE_MAX_ROWS` rows, a dense `ExpertBank` gathers the union of the rows'
-    experts and a `PackedExpertBank` runs its kernels; beyond, both group by expert on the host."""
+    sync-free path: up to `DECODE_MAX_ROWS` rows, a dense `ExpertBank` runs one expert slot per row and
+    choice and a `PackedExpertBank` runs its kernels; beyond, both group by expert on the host."""
     has_banks = any(isinstance(m, ExpertBank | PackedExpertBank) for m in model.modules())
     return batch <= DECODE_MAX_ROWS or not has_banks
 
@@ -36,7 +39,7 @@ class DecodeRunner:
         cache: SequenceCache,
         *,
         cuda_graph: bool,
-        compiled: bool = False,
+        compiled: CompiledStep | None = None,
         graph_pool: torch.cuda._POOL_HANDLE | None = None,
     ):
         if cuda_graph and cache.device.type != "cuda":
@@ -44,20 +47,20 @@ class DecodeRunner:
         self.model = model
         self.cache = cache
         self.tokens = torch.zeros(cache.batch_size, dtype=torch.long, device=cache.device)
-        self.compiled = CompiledStep(model) if compiled else None
+        self.compiled = compiled  # shared by the pool's runners of this batch size
         self._step = self.compiled or model.decode_tensors
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
+        self.compile_s: float | None = None  # seconds its warm-up took when that compiled the step
+        compilations = 0 if compiled is None else compiled.compilations
+        start = time.perf_counter()
         if cuda_graph:
             self._capture(graph_pool)
         elif self.compiled is not None:
             self._warm_up(1)
             self.cache.reset()  # zero the compiling step's writes
-
-    @property
-    def compile_s(self) -> float | None:
-        """Seconds the first (compiling) step took; None for an eager step."""
-        return None if self.compiled is None else self.compiled.compile_s
+        if compiled is not None and compiled.compilations > compilations:
+            self.compile_s = time.perf_counter() - start
 
     def _warm_up(self, steps: int) -> None:
         if self.cache.length:

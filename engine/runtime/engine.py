@@ -167,7 +167,7 @@ class Engine:
         variant) chooses a packed model's kernels, resolved and bound once here. `device` defaults to CUDA
         when available; `dtype` to `engine.model.dtypes.default_dtype` (BF16 on a GPU and on CPUs with
         native BF16, else FP32). CUDA graphs are used only on a GPU. `step` is the decode step, "eager" or
-        "compiled" (Inductor, once per cache; engine/runtime/compiled.py), default `KIMI_DECODE_STEP` or the
+        "compiled" (Inductor, once per batch size; engine/runtime/compiled.py), default `KIMI_DECODE_STEP` or the
         device's shipped default. Prefix snapshots get `prefix_cache_gib` (default 4 on a GPU, in host
         memory outside the cap; 1 on the CPU, inside it; 0 turns the prefix cache off).
         """

@@ -28,7 +28,7 @@ def random_bank(rng, experts=16, hidden=48, inter=24):
     return w1, w3, w2
 
 
-@pytest.mark.parametrize("tokens", [1, 3, 40])  # 1: the gathered path, 3: the expert union, 40: grouped
+@pytest.mark.parametrize("tokens", [1, 3, 40])  # 1 and 3: the slot path (one sequence, a batch), 40: grouped
 def test_expert_ffn_matches_plain_loop(rng, tokens):
     w1, w3, w2 = random_bank(rng)
     x = torch.randn(tokens, 48, generator=rng)

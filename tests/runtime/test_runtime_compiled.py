@@ -84,6 +84,26 @@ def test_one_compilation_serves_a_generation_of_100_tokens(compiled_engine, rng)
 
 
 @pytest.mark.slow
+def test_one_compilation_serves_every_capacity(engine, compiled_engine, rng):
+    """A sequence that needs a larger cache (a long prompt, or a batch growing mid-stream) runs its batch
+    size's compiled step as it is: the capacity is compiled as a dynamic size, so nothing compiles on
+    the executor thread while the streams wait; and the step still gives the eager tokens there."""
+    short = compiled_engine.prefill([random_prompt(rng, 9)], max_new_tokens=8)
+    step, small = short.lease.runner.compiled, short.lease.cache.max_len
+    compiled_engine.release(short)
+    compilations = step.compilations
+    long = compiled_engine.prefill([random_prompt(rng, 600)], max_new_tokens=16)
+    try:
+        assert long.lease.cache.max_len > small and long.lease.runner.compiled is step
+        assert long.lease.runner.compile_s is None
+    finally:
+        compiled_engine.release(long)
+    errors = _lockstep(engine, compiled_engine, random_prompt(rng, 600), 24)
+    assert step.compilations == compilations, "a larger capacity recompiled the decode step"
+    assert max(errors) <= LOGITS_RTOL, f"worst relative logit error {max(errors):.2e}"
+
+
+@pytest.mark.slow
 def test_compiled_logits_and_greedy_tokens_match_the_eager_step(engine, compiled_engine, rng):
     assert engine.step == "eager" and compiled_engine.step == "compiled"
     errors = _lockstep(engine, compiled_engine, random_prompt(rng, 23), 64)
