@@ -44,10 +44,11 @@ class DecoderLayer(nn.Module):
     def decode(self, x: torch.Tensor, state: KDAState | MLAState, cache: SequenceCache) -> torch.Tensor:
         normed = self.input_layernorm(x)
         if self.is_mla:
-            x = x + self.self_attn.decode(normed, state, cache.position, cache.slots)
+            attn = self.self_attn.decode(normed, state, cache.position, cache.slots)
         else:
-            x = x + self.self_attn(normed, state)
-        return x + self.ffn(self.post_attention_layernorm(x))
+            attn = self.self_attn(normed, state)
+        x, normed = self.post_attention_layernorm.add_forward(x, attn)  # one fused launch on a GPU
+        return x + self.ffn(normed)
 
 
 class KimiLinearModel(nn.Module):

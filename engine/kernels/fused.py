@@ -1,0 +1,37 @@
+"""Bind the fused decode kernels (RMSNorm, the KDA decode step, the router) to a model's dispatch points.
+
+Each is an operation of the registry with its reference beside its Triton kernel (triton_norm.py,
+triton_kda.py, triton_router.py); on CUDA the shipped default is the Triton variant, on the CPU the
+reference. A bound reference leaves the model's eager code in place (the same computation, with no
+extra copy into an output buffer), so CPU runs are unchanged.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from engine.kernels import triton_kda, triton_norm, triton_router  # noqa: F401  (define the operations)
+from engine.kernels.registry import Selection
+from engine.model.kda import KimiDeltaAttention, kda_decode_step
+from engine.model.moe import Router
+from engine.model.norm import RMSNorm
+
+FUSED_OPS = ("rms_norm", "kda_decode_step", "route_topk")
+
+
+def use_fused_kernels(model: nn.Module, selections: dict[str, Selection]) -> dict[str, str]:
+    """Bind ``selections``' variants of FUSED_OPS to every RMSNorm, KDA layer and router of ``model``;
+    returns op -> variant name for the operations the model has a dispatch point for."""
+    fns = {op: None if selections[op].variant.is_reference else selections[op].variant.fn for op in FUSED_OPS}
+    bound: dict[str, str] = {}
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            module.kernel, op = fns["rms_norm"], "rms_norm"
+        elif isinstance(module, KimiDeltaAttention):
+            module.decode_kernel, op = fns["kda_decode_step"] or kda_decode_step, "kda_decode_step"
+        elif isinstance(module, Router):
+            module.kernel, op = fns["route_topk"], "route_topk"
+        else:
+            continue
+        bound[op] = selections[op].variant.name
+    return dict(sorted(bound.items()))
