@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from engine.kernels import triton_kda, triton_norm, triton_router  # noqa: F401  (define the operations)
+from engine.kernels import registry, triton_kda, triton_norm, triton_router  # noqa: F401  (define the operations)
 from engine.kernels.registry import Selection
 from engine.model.kda import KimiDeltaAttention, kda_decode_step
 from engine.model.moe import Router
@@ -35,3 +35,22 @@ def use_fused_kernels(model: nn.Module, selections: dict[str, Selection]) -> dic
             continue
         bound[op] = selections[op].variant.name
     return dict(sorted(bound.items()))
+
+
+def fused_variants(model: nn.Module) -> dict[str, str]:
+    """op -> the variant of FUSED_OPS bound to ``model``'s dispatch points now ("reference": eager)."""
+
+    def name(op: str, fn) -> str:
+        if fn is None or fn is kda_decode_step:
+            return registry.REFERENCE
+        return next(v.name for v in registry.variants(op) if v.fn is fn)
+
+    found: dict[str, str] = {}
+    for module in model.modules():
+        if isinstance(module, RMSNorm):
+            found["rms_norm"] = name("rms_norm", module.kernel)
+        elif isinstance(module, KimiDeltaAttention):
+            found["kda_decode_step"] = name("kda_decode_step", module.decode_kernel)
+        elif isinstance(module, Router):
+            found["route_topk"] = name("route_topk", module.kernel)
+    return dict(sorted(found.items()))

@@ -49,4 +49,18 @@ def op_bytes(op: str, shape: dict, *, unique_experts: int | None = None) -> int:
             + routes
             + b * s * n * ACTIVATION_BYTES
         )
+    if op == "rms_norm":
+        act = _OUT_BYTES[shape.get("act", "bf16")]
+        rows = b * shape["H"] * act
+        return shape["H"] * act + (4 if shape.get("residual") else 2) * rows
+    if op == "kda_decode_step":
+        act = _OUT_BYTES[shape.get("act", "bf16")]
+        heads, d, taps = shape["H"], shape["d"], shape["taps"]
+        dim = heads * d
+        state = 2 * b * heads * d * d * 4  # read and written once
+        windows = 2 * b * 3 * dim * (taps - 1) * act
+        rows = 6 * b * dim * act + b * heads * act  # q, k, v, f, gate in, out; b
+        return state + windows + rows + 3 * dim * taps * act + dim * 4 + d * act + heads * 4
+    if op == "route_topk":
+        return b * shape["E"] * 4 + shape["E"] * 4 + b * shape["k"] * (4 + 8)
     raise ValueError(f"no byte count for operation {op!r}")

@@ -47,7 +47,9 @@ def _check(q, k, v, f, b, gate, conv, q_taps, state) -> tuple[int, int, int, int
     if conv.shape != (batch, 3, dim, taps - 1):
         raise ValueError(f"kda_decode_step: conv {tuple(conv.shape)}, expected {(batch, 3, dim, taps - 1)}")
     if state.shape != (batch, heads, head, head) or state.dtype != torch.float32:
-        raise ValueError(f"kda_decode_step: state {tuple(state.shape)} {state.dtype} is not [B, H, d, d] FP32")
+        raise ValueError(
+            f"kda_decode_step: state {tuple(state.shape)} {state.dtype} is not [B, H, d, d] FP32"
+        )
     return batch, dim, heads, taps
 
 
@@ -126,7 +128,7 @@ def _launch(q, k, v, f, b, gate, conv, q_taps, k_taps, v_taps, a_log, dt_bias, n
         q, k, v, f, b, gate, conv, q_taps, k_taps, v_taps, a_log, dt_bias, norm_weight, state, out,
         q.stride(0), k.stride(0), v.stride(0), f.stride(0), b.stride(0), gate.stride(0), conv.stride(0),
         conv.stride(1), dim, heads, l2_eps, norm_eps, head**-0.5,
-        TAPS=q_taps.shape[-1], DK=head, num_warps=8 if head >= 128 else 4,
+        TAPS=q_taps.shape[-1], DK=head, num_warps=16 if head >= 128 else 4,
     )  # fmt: skip
 
 
@@ -148,7 +150,10 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 @registry.register(
-    "kda_decode_step", "triton", backend="triton", description="one program per (sequence, head), state in registers"
+    "kda_decode_step",
+    "triton",
+    backend="triton",
+    description="one program per (sequence, head), state in registers",
 )
 def kda_decode_triton(q, k, v, f, b, gate, conv, q_taps, k_taps, v_taps, a_log, dt_bias, norm_weight, state,
                       *, l2_eps, norm_eps, out=None):  # fmt: skip

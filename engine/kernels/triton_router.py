@@ -28,7 +28,9 @@ registry.define(
 def _outputs(logits, top_k, out, ids):
     n, experts = logits.shape
     if logits.dtype != torch.float32 or not 0 < top_k <= experts:
-        raise ValueError(f"route_topk: logits must be [N, E] FP32 with E >= top_k={top_k}, got {logits.dtype}")
+        raise ValueError(
+            f"route_topk: logits must be [N, E] FP32 with E >= top_k={top_k}, got {logits.dtype}"
+        )
     if out is None:
         out = torch.empty(n, top_k, dtype=torch.float32, device=logits.device)
     if ids is None:
@@ -86,7 +88,9 @@ def _route_op(logits: torch.Tensor, bias: torch.Tensor, out: torch.Tensor, ids: 
 _route_op.register_fake(lambda *args: None)
 
 
-@registry.register("route_topk", "triton", backend="triton", description="one program per token, top-k by max")
+@registry.register(
+    "route_topk", "triton", backend="triton", description="one program per token, top-k by max"
+)
 def route_topk_triton(logits, bias, top_k, renormalize, scaling, *, out=None, ids=None):
     out, ids = _outputs(logits, top_k, out, ids)
     logits = logits.contiguous()
