@@ -3,7 +3,7 @@
 Shapes are plain JSON-able dicts: gemv ops ``{B, N, K, group}`` (plus ``out``: "bf16" or "fp32"), grouped ops ``{B, S, E, N, K, group}`` (plus
 ``per_slot`` for a ``[B, S, K]`` input), ``route_combine`` ``{B, S, N}``; the fused decode ops ``rms_norm``
 ``{B, H, residual}``, ``kda_decode_step`` ``{B, H, d, taps}``, ``route_topk`` ``{B, E, k, renormalize,
-scaling}`` (``act``: "bf16" or "fp32" activations). Codes cover the whole signed
+scaling, shared}`` (``act``: "bf16" or "fp32" activations). Codes cover the whole signed
 range (the INT4 decoder must handle -8 as well as the encoder's -7..7), scales are near ``1/sqrt(K)`` so
 outputs are O(1), and route tables hold distinct experts. Inputs are drawn on the target
 device with a generator there (``torch.Generator(device)``), so full-size cases are cheap on a GPU.
@@ -135,7 +135,8 @@ def _route_case(shape: dict, gen: torch.Generator, device) -> Case:
     logits = torch.randn((b, e), generator=gen, device=device) * 2
     bias = torch.randn(e, generator=gen, device=device) * 0.1
     args = (logits, bias, shape["k"], shape["renormalize"], shape["scaling"])
-    return Case(args, {}, (b, shape["k"]), torch.float32)
+    shared = shape.get("shared")
+    return Case(args, {"shared_slot": shared}, (b, shape["k"] + (shared is not None)), torch.float32)
 
 
 CASES: dict[str, Callable[[dict, torch.Generator, torch.device], Case]] = {

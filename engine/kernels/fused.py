@@ -13,7 +13,7 @@ from torch import nn
 from engine.kernels import registry, triton_kda, triton_norm, triton_router  # noqa: F401  (define the operations)
 from engine.kernels.registry import Selection
 from engine.model.kda import KimiDeltaAttention, kda_decode_step
-from engine.model.moe import Router
+from engine.model.moe import Router, SparseMoE
 from engine.model.norm import RMSNorm
 
 FUSED_OPS = ("rms_norm", "kda_decode_step", "route_topk")
@@ -32,9 +32,21 @@ def use_fused_kernels(model: nn.Module, selections: dict[str, Selection]) -> dic
         elif isinstance(module, Router):
             module.kernel, op = fns["route_topk"], "route_topk"
         else:
+            if isinstance(module, SparseMoE):
+                _route_shared_slot(module, fused=fns["route_topk"] is not None)
             continue
         bound[op] = selections[op].variant.name
     return dict(sorted(bound.items()))
+
+
+def _route_shared_slot(moe: SparseMoE, *, fused: bool) -> None:
+    """With the fused router, a packed bank's shared slot is appended by the router kernel (the bank's
+    own route table would cost four launches); unbound, the bank appends it as before."""
+    bank = moe.experts
+    if not hasattr(bank, "routes_include_shared"):  # a dense ExpertBank: no shared slot in it
+        return
+    shared = bank.shared_slot if fused else None
+    moe.gate.shared_slot, bank.routes_include_shared = shared, shared is not None
 
 
 def fused_variants(model: nn.Module) -> dict[str, str]:

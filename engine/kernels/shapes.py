@@ -62,7 +62,8 @@ def kimi_shapes(
         )  # fmt: skip
         tables["route_topk"].append(
             {"name": f"router_B{b}", "B": b, "E": cfg.num_experts, "k": cfg.num_experts_per_token,
-             "renormalize": cfg.moe_renormalize, "scaling": cfg.routed_scaling_factor}
+             "renormalize": cfg.moe_renormalize, "scaling": cfg.routed_scaling_factor,
+             **({"shared": cfg.num_experts} if shared_in_bank else {})}
         )  # fmt: skip
     return tables
 
@@ -120,6 +121,15 @@ EDGE_SHAPES: dict[str, list[dict]] = {
     ],
     "route_topk": [
         {"name": "edge_b1", "B": 1, "E": 37, "k": 5, "renormalize": True, "scaling": 2.5},
+        {
+            "name": "edge_b3_shared",
+            "B": 3,
+            "E": 20,
+            "k": 4,
+            "renormalize": True,
+            "scaling": 2.5,
+            "shared": 20,
+        },
         {"name": "edge_b4_raw", "B": 4, "E": 16, "k": 3, "renormalize": False, "scaling": 1.0},
     ],
 }

@@ -62,5 +62,6 @@ def op_bytes(op: str, shape: dict, *, unique_experts: int | None = None) -> int:
         rows = 6 * b * dim * act + b * heads * act  # q, k, v, f, gate in, out; b
         return state + windows + rows + 3 * dim * taps * act + dim * 4 + d * act + heads * 4
     if op == "route_topk":
-        return b * shape["E"] * 4 + shape["E"] * 4 + b * shape["k"] * (4 + 8)
+        slots = shape["k"] + ("shared" in shape)
+        return b * shape["E"] * 4 + shape["E"] * 4 + b * slots * (4 + 8)
     raise ValueError(f"no byte count for operation {op!r}")

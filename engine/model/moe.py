@@ -34,8 +34,11 @@ class Router(nn.Module):
         self.e_score_correction_bias = nn.Parameter(
             torch.empty(cfg.num_experts, dtype=torch.float32, device=device)
         )
-        # A fused ``route_topk`` variant (engine/kernels/triton_router.py) on a GPU, or None: eager.
+        # A fused ``route_topk`` variant (engine/kernels/triton_router.py) on a GPU, or None: eager. With
+        # it, `shared_slot` (when set) is appended to every token's routes with weight 1 (a packed bank's
+        # shared expert, engine/kernels/fused.py).
         self.kernel: Callable | None = None
+        self.shared_slot: int | None = None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, hidden] -> (expert_weights [N, k] FP32, expert_ids [N, k] int64)."""
@@ -43,8 +46,12 @@ class Router(nn.Module):
         bias = self.e_score_correction_bias
         if self.kernel is None:
             return route_scores(logits, bias, self.top_k, self.renormalize, self.scaling)
-        ids = torch.empty(logits.shape[0], self.top_k, dtype=torch.long, device=logits.device)
-        return self.kernel(logits, bias, self.top_k, self.renormalize, self.scaling, ids=ids), ids
+        slots = self.top_k + (self.shared_slot is not None)
+        ids = torch.empty(logits.shape[0], slots, dtype=torch.long, device=logits.device)
+        weights = self.kernel(
+            logits, bias, self.top_k, self.renormalize, self.scaling, shared_slot=self.shared_slot, ids=ids
+        )
+        return weights, ids
 
 
 def route_scores(
