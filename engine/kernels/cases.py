@@ -2,7 +2,7 @@
 
 Shapes are plain JSON-able dicts: gemv ops ``{B, N, K, group}`` (plus ``out``: "bf16" or "fp32"), grouped ops ``{B, S, E, N, K, group}`` (plus
 ``per_slot`` for a ``[B, S, K]`` input), ``route_combine`` ``{B, S, N}``; the fused decode ops ``rms_norm``
-``{B, H, residual}``, ``kda_decode_step`` ``{B, H, d, taps}``, ``route_topk`` ``{B, E, k, renormalize,
+``{B, H, residual}``, ``kda_decode_step`` ``{B, H, d, taps, low_rank}``, ``route_topk`` ``{B, E, k, renormalize,
 scaling, shared}`` (``act``: "bf16" or "fp32" activations). Codes cover the whole signed
 range (the INT4 decoder must handle -8 as well as the encoder's -7..7), scales are near ``1/sqrt(K)`` so
 outputs are O(1), and route tables hold distinct experts. Inputs are drawn on the target
@@ -121,13 +121,17 @@ def _kda_step_case(shape: dict, gen: torch.Generator, device) -> Case:
     def randn(*size, scale=1.0):
         return torch.randn(size, generator=gen, device=device) * scale
 
-    rows = [randn(b, dim).to(act) for _ in range(5)]  # q, k, v, f, gate
-    q, k, v, f, gate = rows
+    q, k, v = (randn(b, dim).to(act) for _ in range(3))
+    rank = shape.get("low_rank")  # f and gate as f_a/g_a rows and the f_b/g_b weights
+    f, gate = (randn(b, rank or dim).to(act) for _ in range(2))
+    kwargs = {"l2_eps": 1e-6, "norm_eps": 1e-5}
+    if rank:
+        kwargs |= {name: randn(dim, rank, scale=rank**-0.5).to(act) for name in ("f_b_weight", "g_b_weight")}
     conv = randn(b, 3, dim, taps - 1).to(act)
     q_taps, k_taps, v_taps = (randn(dim, 1, taps, scale=0.5).to(act) for _ in range(3))
     args = (q, k, v, f, randn(b, heads).to(act), gate, conv, q_taps, k_taps, v_taps, randn(1, 1, heads, 1) * 0.5,
             randn(dim), (torch.rand(d, generator=gen, device=device) + 0.5).to(act), randn(b, heads, d, d, scale=0.1))  # fmt: skip
-    return Case(args, {"l2_eps": 1e-6, "norm_eps": 1e-5}, (b, dim), act, mutated=(6, 13))
+    return Case(args, kwargs, (b, dim), act, mutated=(6, 13))
 
 
 def _route_case(shape: dict, gen: torch.Generator, device) -> Case:

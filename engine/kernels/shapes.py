@@ -58,7 +58,7 @@ def kimi_shapes(
         ]
         tables["kda_decode_step"].append(
             {"name": f"kda_step_B{b}", "B": b, "H": cfg.kda_num_heads, "d": cfg.kda_head_dim,
-             "taps": cfg.conv_kernel_size}
+             "taps": cfg.conv_kernel_size, "low_rank": cfg.kda_head_dim}
         )  # fmt: skip
         tables["route_topk"].append(
             {"name": f"router_B{b}", "B": b, "E": cfg.num_experts, "k": cfg.num_experts_per_token,
@@ -118,6 +118,8 @@ EDGE_SHAPES: dict[str, list[dict]] = {
         {"name": "edge_b1", "B": 1, "H": 2, "d": 32, "taps": 4},
         {"name": "edge_b3_fp32", "B": 3, "H": 3, "d": 16, "taps": 4, "act": "fp32"},
         {"name": "edge_b2_taps2", "B": 2, "H": 1, "d": 64, "taps": 2},
+        {"name": "edge_b2_low_rank", "B": 2, "H": 2, "d": 32, "taps": 4, "low_rank": 16},
+        {"name": "edge_b1_low_rank_fp32", "B": 1, "H": 4, "d": 16, "taps": 4, "low_rank": 32, "act": "fp32"},
     ],
     "route_topk": [
         {"name": "edge_b1", "B": 1, "E": 37, "k": 5, "renormalize": True, "scaling": 2.5},

@@ -59,8 +59,10 @@ def op_bytes(op: str, shape: dict, *, unique_experts: int | None = None) -> int:
         dim = heads * d
         state = 2 * b * heads * d * d * 4  # read and written once
         windows = 2 * b * 3 * dim * (taps - 1) * act
-        rows = 6 * b * dim * act + b * heads * act  # q, k, v, f, gate in, out; b
-        return state + windows + rows + 3 * dim * taps * act + dim * 4 + d * act + heads * 4
+        rank = shape.get("low_rank")
+        rows = 4 * b * dim * act + 2 * b * (rank or dim) * act + b * heads * act  # q, k, v, out; f, gate; b
+        low_rank = 2 * dim * rank * act if rank else 0  # f_b and g_b weights
+        return state + windows + rows + low_rank + 3 * dim * taps * act + dim * 4 + d * act + heads * 4
     if op == "route_topk":
         slots = shape["k"] + ("shared" in shape)
         return b * shape["E"] * 4 + shape["E"] * 4 + b * slots * (4 + 8)

@@ -180,6 +180,8 @@ def kda_decode_step(
     *,
     l2_eps: float,
     norm_eps: float,
+    f_b_weight: torch.Tensor | None = None,
+    g_b_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token of a KDA layer between its projections and o_proj, eager (the reference of the fused
     `kda_decode_step` kernel, engine/kernels/triton_kda.py).
@@ -187,7 +189,12 @@ def kda_decode_step(
     q, k, v [B, D] (projections before the short convolutions), f [B, D] (f_b_proj's output), b [B, H]
     (b_proj's), gate [B, D] (g_b_proj's); conv [B, 3, D, K-1] and state [B, H, d_k, d_v] FP32 are updated
     in place; taps [D, 1, K]; a_log [.., H, ..] and dt_bias [D] FP32; norm_weight [d_v]. Returns the gated
-    output norm [B, D] in the gate's dtype."""
+    output norm [B, D] in the gate's dtype. With ``f_b_weight`` / ``g_b_weight`` [D, R] (dense f_b_proj /
+    g_b_proj), f / gate are the low-rank f_a_proj / g_a_proj outputs [B, R], projected here."""
+    if f_b_weight is not None:
+        f = F.linear(f, f_b_weight)
+    if g_b_weight is not None:
+        gate = F.linear(gate, g_b_weight)
     heads = b.shape[-1]
     q = short_conv_step(q, conv[:, 0], q_taps)
     k = short_conv_step(k, conv[:, 1], k_taps)
@@ -199,6 +206,13 @@ def kda_decode_step(
     k = l2_normalize(k.float().unflatten(-1, (heads, -1)), l2_eps)
     o = kda_recurrent_step(q, k, v.float().unflatten(-1, (heads, -1)), g, beta, state)
     return gated_rms_norm(o, gate.unflatten(-1, (heads, -1)), norm_weight, norm_eps).flatten(-2)
+
+
+def _low_rank(projection: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(x, the weight) for a plain `Linear` the decode step applies itself, else (projection(x), None)."""
+    if type(projection) is Linear:
+        return x, projection.weight
+    return projection(x), None
 
 
 class ShortConv(nn.Module):
@@ -276,11 +290,15 @@ class KimiDeltaAttention(nn.Module):
             conv, recurrent = state.conv, state.recurrent
         p = self._project_input(x)
         if n_tokens == 1:
+            # Dense f_b_proj / g_b_proj (the plans keep them) are applied inside the step (the fused
+            # kernel reads each head's rows of them: two launches fewer); others run here.
+            f, f_b = _low_rank(self.f_b_proj, p["f_a_proj"][:, 0])
+            gate, g_b = _low_rank(self.g_b_proj, p["g_a_proj"][:, 0])
             o = self.decode_kernel(
-                p["q_proj"][:, 0], p["k_proj"][:, 0], p["v_proj"][:, 0], self.f_b_proj(p["f_a_proj"])[:, 0],
-                p["b_proj"][:, 0], self.g_b_proj(p["g_a_proj"])[:, 0], conv, self.q_conv1d.weight,
-                self.k_conv1d.weight, self.v_conv1d.weight, self.A_log, self.dt_bias, self.o_norm.weight,
-                recurrent, l2_eps=cfg.kda_l2norm_eps, norm_eps=self.o_norm.eps,
+                p["q_proj"][:, 0], p["k_proj"][:, 0], p["v_proj"][:, 0], f, p["b_proj"][:, 0], gate, conv,
+                self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight, self.A_log, self.dt_bias,
+                self.o_norm.weight, recurrent, l2_eps=cfg.kda_l2norm_eps, norm_eps=self.o_norm.eps,
+                f_b_weight=f_b, g_b_weight=g_b,
             )  # fmt: skip
             return self.o_proj(o.unsqueeze(1))
         q = self.q_conv1d(p["q_proj"], conv[:, 0])
