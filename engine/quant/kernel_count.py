@@ -72,7 +72,10 @@ def count_decode_kernels(cfg: KimiLinearConfig, plan: Plan, *, batch: int = 1, c
                          dtype: torch.dtype = torch.bfloat16, sm_count: int = SM_COUNTS[90]) -> KernelCount:  # fmt: skip
     """Kernels one decode step of ``cfg`` quantised with ``plan`` launches at ``batch`` on a GPU with
     ``sm_count`` SMs (the split-K choice depends on it), after ``context`` tokens."""
+    from engine.runtime.engine import prepare_for_inference  # engine.runtime imports engine.quant
+
     model = quantized_meta_model(cfg, plan, dtype=dtype)
+    prepare_for_inference(model)  # as the engine does at load: shared-input projections as one GEMM
     selections = cuda_selections()
     for module in model.modules():
         if isinstance(module, PackedLinear | PackedExpertBank):

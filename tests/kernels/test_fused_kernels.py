@@ -107,3 +107,26 @@ def test_the_cuda_count_runs_the_fused_kernels():
     mla_layers = TINY.num_hidden_layers - kda_layers
     assert counted.triton["_rms_norm_kernel"] == 2 * TINY.num_hidden_layers + mla_layers + 1
     assert not {"rsqrt", "topk", "softplus", "sigmoid", "new_full"} & set(counted.aten), counted.aten
+
+
+def test_a_prepared_model_decodes_alike_with_the_fused_kernels():
+    """As the engine loads it (shared-input projections as one GEMM, so the KDA step reads strided rows):
+    the CUDA defaults (interpreted here) against the references, FP32, 1e-4 x max|logit| per step."""
+    from engine.kernels.defaults import SHIPPED_DEFAULTS
+    from engine.runtime.engine import prepare_for_inference
+
+    two_layers = dataclasses.replace(TINY, num_hidden_layers=2, full_attn_layers=(1,))
+    models = []
+    for kernels in (SHIPPED_DEFAULTS["cuda"], registry.named_choices("reference")):
+        model = synthetic_quantized_model(
+            two_layers, make_plan("default"), device="cpu", dtype=torch.float32, seed=3, kernels=kernels
+        )
+        prepare_for_inference(model)
+        models.append(model)
+    assert fused_variants(models[0]) == dict.fromkeys(sorted(FUSED_OPS), "triton")
+    caches = [model.new_cache(6) for model in models]
+    token = torch.tensor([5])
+    for _ in range(3):
+        got, want = (model.decode_step(token, cache) for model, cache in zip(models, caches, strict=True))
+        assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+        token = want.argmax(-1)
