@@ -1,11 +1,12 @@
 """Decode kernels behind a registry: ``get(op, variant=None, device=None)`` returns the function to call.
 
 Operations (signatures in engine/kernels/reference.py): w4a16_gemv, w8a16_gemv, w16a16_gemv,
-w4a16_grouped_gemv, w4a16_grouped_swiglu, route_combine. ``linear(x, weight)`` dispatches a
+w4a16_grouped_gemv, w4a16_grouped_swiglu, route_combine; and the fused decode operations rms_norm,
+kda_decode_step, route_topk (triton_norm.py, triton_kda.py, triton_router.py; bound by fused.py). ``linear(x, weight)`` dispatches a
 :class:`~engine.codec.LinearWeight` to the GEMV for its format.
 """
 
-from engine.kernels import int4pack, native, reference, variants  # noqa: F401  (define the operations, register variants)
+from engine.kernels import fused, int4pack, native, reference, variants  # noqa: F401  (define the operations, register variants)
 from engine.kernels.linear import GEMV_FOR_FORMAT, linear, linear_fn
 from engine.kernels.registry import (
     DEFAULT_SELECTION,

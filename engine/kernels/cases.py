@@ -1,7 +1,9 @@
 """Random inputs for each operation at a given shape: what the equivalence checker and benchmarks feed in.
 
 Shapes are plain JSON-able dicts: gemv ops ``{B, N, K, group}`` (plus ``out``: "bf16" or "fp32"), grouped ops ``{B, S, E, N, K, group}`` (plus
-``per_slot`` for a ``[B, S, K]`` input), ``route_combine`` ``{B, S, N}``. Codes cover the whole signed
+``per_slot`` for a ``[B, S, K]`` input), ``route_combine`` ``{B, S, N}``; the fused decode ops ``rms_norm``
+``{B, H, residual}``, ``kda_decode_step`` ``{B, H, d, taps, low_rank}``, ``route_topk`` ``{B, E, k, renormalize,
+scaling, shared}`` (``act``: "bf16" or "fp32" activations). Codes cover the whole signed
 range (the INT4 decoder must handle -8 as well as the encoder's -7..7), scales are near ``1/sqrt(K)`` so
 outputs are O(1), and route tables hold distinct experts. Inputs are drawn on the target
 device with a generator there (``torch.Generator(device)``), so full-size cases are cheap on a GPU.
@@ -25,6 +27,7 @@ class Case:
     kwargs: dict
     out_shape: tuple[int, ...]
     out_dtype: torch.dtype
+    mutated: tuple[int, ...] = ()  # positions of arguments the op updates in place (state): checked too
 
 
 def _x(shape: tuple[int, ...], gen: torch.Generator | None, device) -> torch.Tensor:
@@ -95,6 +98,52 @@ def _combine_case(shape: dict, gen: torch.Generator | None, device) -> Case:
     return Case((_x((b, s, n), gen, device), weights), {}, (b, n), ACTIVATION)
 
 
+def _activation(shape: dict) -> torch.dtype:
+    return OUT_DTYPES[shape.get("act", "bf16")]
+
+
+def _rms_norm_case(shape: dict, gen: torch.Generator | None, device) -> Case:
+    b, h, act = shape["B"], shape["H"], _activation(shape)
+    x = torch.randn((b, h), generator=gen, device=device).to(act)
+    weight = (torch.rand(h, generator=gen, device=device) + 0.5).to(act)
+    kwargs = (
+        {"residual": torch.randn((b, h), generator=gen, device=device).to(act)}
+        if shape.get("residual")
+        else {}
+    )
+    return Case((x, weight, 1e-5), kwargs, (b, h), act)
+
+
+def _kda_step_case(shape: dict, gen: torch.Generator | None, device) -> Case:
+    """The state and windows hold earlier tokens (not zeros); f near the trained range (decays in (0, 1))."""
+    b, heads, d, taps, act = shape["B"], shape["H"], shape["d"], shape["taps"], _activation(shape)
+    dim = heads * d
+
+    def randn(*size, scale=1.0):
+        return torch.randn(size, generator=gen, device=device) * scale
+
+    q, k, v = (randn(b, dim).to(act) for _ in range(3))
+    rank = shape.get("low_rank")  # f and gate as f_a/g_a rows and the f_b/g_b weights
+    f, gate = (randn(b, rank or dim).to(act) for _ in range(2))
+    kwargs = {"l2_eps": 1e-6, "norm_eps": 1e-5}
+    if rank:
+        kwargs |= {name: randn(dim, rank, scale=rank**-0.5).to(act) for name in ("f_b_weight", "g_b_weight")}
+    conv = randn(b, 3, dim, taps - 1).to(act)
+    q_taps, k_taps, v_taps = (randn(dim, 1, taps, scale=0.5).to(act) for _ in range(3))
+    args = (q, k, v, f, randn(b, heads).to(act), gate, conv, q_taps, k_taps, v_taps, randn(1, 1, heads, 1) * 0.5,
+            randn(dim), (torch.rand(d, generator=gen, device=device) + 0.5).to(act), randn(b, heads, d, d, scale=0.1))  # fmt: skip
+    return Case(args, kwargs, (b, dim), act, mutated=(6, 13))
+
+
+def _route_case(shape: dict, gen: torch.Generator | None, device) -> Case:
+    b, e = shape["B"], shape["E"]
+    logits = torch.randn((b, e), generator=gen, device=device) * 2
+    bias = torch.randn(e, generator=gen, device=device) * 0.1
+    args = (logits, bias, shape["k"], shape["renormalize"], shape["scaling"])
+    shared = shape.get("shared")
+    return Case(args, {"shared_slot": shared}, (b, shape["k"] + (shared is not None)), torch.float32)
+
+
 CASES: dict[str, Callable[[dict, torch.Generator | None, torch.device | str], Case]] = {
     "w4a16_gemv": _gemv_case("int4"),
     "w8a16_gemv": _gemv_case("int8"),
@@ -102,4 +151,7 @@ CASES: dict[str, Callable[[dict, torch.Generator | None, torch.device | str], Ca
     "w4a16_grouped_gemv": _grouped_case,
     "w4a16_grouped_swiglu": _swiglu_case,
     "route_combine": _combine_case,
+    "rms_norm": _rms_norm_case,
+    "kda_decode_step": _kda_step_case,
+    "route_topk": _route_case,
 }

@@ -16,6 +16,9 @@ SHIPPED_DEFAULTS: dict[str, dict[str, str]] = {
         "w4a16_grouped_gemv": "triton",
         "w4a16_grouped_swiglu": "triton_fused",
         "route_combine": "triton",
+        "rms_norm": "triton",
+        "kda_decode_step": "triton",
+        "route_topk": "triton",
     },
     "cpu": {
         "w4a16_gemv": "int4pack",
@@ -24,5 +27,8 @@ SHIPPED_DEFAULTS: dict[str, dict[str, str]] = {
         "w4a16_grouped_gemv": "int4pack",
         "w4a16_grouped_swiglu": "int4pack",
         "route_combine": "reference",
+        "rms_norm": "reference",
+        "kda_decode_step": "reference",
+        "route_topk": "reference",
     },
 }

@@ -2,7 +2,7 @@
 
 Per check: new inputs from a fresh seed (recorded, so a failure can be replayed), output buffers and
 split-K scratch poisoned with NaN before each run, every output element required to be written (no NaN
-left), and ``|actual - expected| <= atol + rtol * |expected|`` with ``atol = atol_rms * rms(expected)``
+left), state an op updates in place (the KDA step's) run on a copy per variant and compared like the output, and ``|actual - expected| <= atol + rtol * |expected|`` with ``atol = atol_rms * rms(expected)``
 and tolerances by output dtype (:data:`TOLERANCES`). Both sides compute FP32 dot products of identical
 FP32 values and differ only in summation order and the final rounding, so the tolerances are the output
 dtype's rounding step plus a small FP32 allowance; any layout, nibble or scale bug is orders larger.
@@ -73,14 +73,17 @@ def _exact_fp32():
         torch.backends.cuda.matmul.allow_tf32 = previous
 
 
-def _run(v: registry.Variant, case, device, options: dict) -> torch.Tensor:
+def _run(v: registry.Variant, case, device, options: dict) -> list[torch.Tensor]:
+    """[out, then every argument the op updates in place], each run on its own copy of those."""
     out = torch.full(case.out_shape, float("nan"), dtype=case.out_dtype, device=device)
-    args = registry.packed_args(v, case.args)  # the weights in the variant's layout, as at load
+    args = list(registry.packed_args(v, case.args))  # the weights in the variant's layout, as at load
+    for i in case.mutated:
+        args[i] = args[i].clone()
     with poisoned_scratch(), _exact_fp32():
         result = v.fn(*args, **case.kwargs, **options, out=out)
     if result is not out:
         raise AssertionError("the variant did not return the out tensor it was given")
-    return out
+    return [out, *(args[i] for i in case.mutated)]
 
 
 def check(
@@ -108,7 +111,11 @@ def check(
         actual = _run(chosen, case, device, options or {})
     except Exception as error:  # a crash is a failed check, reported with the others
         return CheckResult(op, variant, shape, seed, passed=False, failure=f"{type(error).__name__}: {error}")
-    return _compare(op, variant, shape, seed, expected, actual, tolerance(chosen, expected.dtype))
+    results = [
+        _compare(op, variant, shape, seed, e, a, tolerance(chosen, e.dtype))
+        for e, a in zip(expected, actual, strict=True)
+    ]
+    return max(results, key=lambda r: (not r.passed, r.worst_ratio))  # the worst of out and the states
 
 
 # A SwiGLU whose gate and up are BF16 before silu(gate) * up: three roundings, and silu scales the gate's

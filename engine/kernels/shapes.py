@@ -52,6 +52,19 @@ def kimi_shapes(
         ]
         tables["w4a16_grouped_swiglu"].append({"name": f"experts_swiglu_B{b}", **bank, "N": m, "K": h})
         tables["route_combine"].append({"name": f"experts_combine_B{b}", "B": b, "S": slots, "N": h})
+        tables["rms_norm"] += [
+            {"name": f"hidden_add_norm_B{b}", "B": b, "H": h, "residual": True},
+            {"name": f"mla_latent_norm_B{b}", "B": b, "H": cfg.kv_lora_rank},
+        ]
+        tables["kda_decode_step"].append(
+            {"name": f"kda_step_B{b}", "B": b, "H": cfg.kda_num_heads, "d": cfg.kda_head_dim,
+             "taps": cfg.conv_kernel_size, "low_rank": cfg.kda_head_dim}
+        )  # fmt: skip
+        tables["route_topk"].append(
+            {"name": f"router_B{b}", "B": b, "E": cfg.num_experts, "k": cfg.num_experts_per_token,
+             "renormalize": cfg.moe_renormalize, "scaling": cfg.routed_scaling_factor,
+             **({"shared": cfg.num_experts} if shared_in_bank else {})}
+        )  # fmt: skip
     return tables
 
 
@@ -62,6 +75,9 @@ _OPS = (
     "w4a16_grouped_gemv",
     "w4a16_grouped_swiglu",
     "route_combine",
+    "rms_norm",
+    "kda_decode_step",
+    "route_topk",
 )
 
 # Small, odd shapes: N and K not multiples of the tiles, batches that are not powers of two, group 64/128.
@@ -91,5 +107,31 @@ EDGE_SHAPES: dict[str, list[dict]] = {
     "route_combine": [
         {"name": "edge_b1", "B": 1, "S": 9, "N": 70},
         {"name": "edge_b3", "B": 3, "S": 5, "N": 300},
+    ],
+    # The fused decode ops ("act": the activation dtype, BF16 unless named).
+    "rms_norm": [
+        {"name": "edge_b1", "B": 1, "H": 300},
+        {"name": "edge_b3_add", "B": 3, "H": 200, "residual": True},
+        {"name": "edge_b2_add_fp32", "B": 2, "H": 96, "residual": True, "act": "fp32"},
+    ],
+    "kda_decode_step": [
+        {"name": "edge_b1", "B": 1, "H": 2, "d": 32, "taps": 4},
+        {"name": "edge_b3_fp32", "B": 3, "H": 3, "d": 16, "taps": 4, "act": "fp32"},
+        {"name": "edge_b2_taps2", "B": 2, "H": 1, "d": 64, "taps": 2},
+        {"name": "edge_b2_low_rank", "B": 2, "H": 2, "d": 32, "taps": 4, "low_rank": 16},
+        {"name": "edge_b1_low_rank_fp32", "B": 1, "H": 4, "d": 16, "taps": 4, "low_rank": 32, "act": "fp32"},
+    ],
+    "route_topk": [
+        {"name": "edge_b1", "B": 1, "E": 37, "k": 5, "renormalize": True, "scaling": 2.5},
+        {
+            "name": "edge_b3_shared",
+            "B": 3,
+            "E": 20,
+            "k": 4,
+            "renormalize": True,
+            "scaling": 2.5,
+            "shared": 20,
+        },
+        {"name": "edge_b4_raw", "B": 4, "E": 16, "k": 3, "renormalize": False, "scaling": 1.0},
     ],
 }

@@ -51,4 +51,21 @@ def op_bytes(op: str, shape: dict, *, unique_experts: int | None = None) -> int:
             + routes
             + b * s * n * ACTIVATION_BYTES
         )
+    if op == "rms_norm":
+        act = _OUT_BYTES[shape.get("act", "bf16")]
+        rows = b * shape["H"] * act
+        return shape["H"] * act + (4 if shape.get("residual") else 2) * rows
+    if op == "kda_decode_step":
+        act = _OUT_BYTES[shape.get("act", "bf16")]
+        heads, d, taps = shape["H"], shape["d"], shape["taps"]
+        dim = heads * d
+        state = 2 * b * heads * d * d * 4  # read and written once
+        windows = 2 * b * 3 * dim * (taps - 1) * act
+        rank = shape.get("low_rank")
+        rows = 4 * b * dim * act + 2 * b * (rank or dim) * act + b * heads * act  # q, k, v, out; f, gate; b
+        low_rank = 2 * dim * rank * act if rank else 0  # f_b and g_b weights
+        return state + windows + rows + low_rank + 3 * dim * taps * act + dim * 4 + d * act + heads * 4
+    if op == "route_topk":
+        slots = shape["k"] + ("shared" in shape)
+        return b * shape["E"] * 4 + shape["E"] * 4 + b * slots * (4 + 8)
     raise ValueError(f"no byte count for operation {op!r}")

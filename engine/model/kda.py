@@ -17,7 +17,7 @@ from torch import nn
 from engine.model.cache import KDAState
 from engine.model.config import KimiLinearConfig
 from engine.model.linear import Linear, SharedInputLinears
-from engine.model.norm import GatedRMSNorm
+from engine.model.norm import GatedRMSNorm, gated_rms_norm
 
 CHUNK_SIZE = 64
 SUB_CHUNK = 16  # inside a chunk, decays are formed element by element only within blocks this long
@@ -153,6 +153,68 @@ def _intra_chunk_scores(
     return a, m
 
 
+def short_conv_step(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`ShortConv.step` for x [B, D]: window [B, D, K-1] (updated in place), weight [D, 1, K] -> [B, D]."""
+    taps = weight[:, 0].float()  # [D, K]
+    y = (window.float() * taps[:, :-1]).sum(-1) + x.float() * taps[:, -1]
+    if window.shape[-1]:
+        window.copy_(torch.cat([window[..., 1:], x.unsqueeze(-1).to(window.dtype)], dim=-1))
+    return F.silu(y.to(x.dtype))
+
+
+def kda_decode_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    f: torch.Tensor,
+    b: torch.Tensor,
+    gate: torch.Tensor,
+    conv: torch.Tensor,
+    q_taps: torch.Tensor,
+    k_taps: torch.Tensor,
+    v_taps: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    norm_weight: torch.Tensor,
+    state: torch.Tensor,
+    *,
+    l2_eps: float,
+    norm_eps: float,
+    f_b_weight: torch.Tensor | None = None,
+    g_b_weight: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One token of a KDA layer between its projections and o_proj, eager (the reference of the fused
+    `kda_decode_step` kernel, engine/kernels/triton_kda.py).
+
+    q, k, v [B, D] (projections before the short convolutions), f [B, D] (f_b_proj's output), b [B, H]
+    (b_proj's), gate [B, D] (g_b_proj's); conv [B, 3, D, K-1] and state [B, H, d_k, d_v] FP32 are updated
+    in place; taps [D, 1, K]; a_log [.., H, ..] and dt_bias [D] FP32; norm_weight [d_v]. Returns the gated
+    output norm [B, D] in the gate's dtype. With ``f_b_weight`` / ``g_b_weight`` [D, R] (dense f_b_proj /
+    g_b_proj), f / gate are the low-rank f_a_proj / g_a_proj outputs [B, R], projected here."""
+    if f_b_weight is not None:
+        f = F.linear(f, f_b_weight)
+    if g_b_weight is not None:
+        gate = F.linear(gate, g_b_weight)
+    heads = b.shape[-1]
+    q = short_conv_step(q, conv[:, 0], q_taps)
+    k = short_conv_step(k, conv[:, 1], k_taps)
+    v = short_conv_step(v, conv[:, 2], v_taps)
+    g = kda_decay(f, a_log, dt_bias, heads)
+    beta = torch.sigmoid(b.float())
+    head_dim = q.shape[-1] // heads
+    q = l2_normalize(q.float().unflatten(-1, (heads, -1)), l2_eps) * head_dim**-0.5
+    k = l2_normalize(k.float().unflatten(-1, (heads, -1)), l2_eps)
+    o = kda_recurrent_step(q, k, v.float().unflatten(-1, (heads, -1)), g, beta, state)
+    return gated_rms_norm(o, gate.unflatten(-1, (heads, -1)), norm_weight, norm_eps).flatten(-2)
+
+
+def _low_rank(projection: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(x, the weight) for a plain `Linear` the decode step applies itself, else (projection(x), None)."""
+    if type(projection) is Linear:
+        return x, projection.weight
+    return projection(x), None
+
+
 class ShortConv(nn.Module):
     """Causal depthwise convolution over time followed by SiLU; `weight` is [D, 1, K] as in the checkpoint."""
 
@@ -173,12 +235,7 @@ class ShortConv(nn.Module):
         """`forward` for one token x [B, 1, D]: the K-tap weighted sum of the window and x, accumulated in
         FP32 and rounded once as conv1d does, then the window rolls by one. A convolution call per token
         costs more than the arithmetic; this is elementwise work a compiler fuses with its neighbours."""
-        taps = self.weight[:, 0].float()  # [D, K]
-        current = x[:, 0]  # [B, D]
-        y = (window.float() * taps[:, :-1]).sum(-1) + current.float() * taps[:, -1]
-        if window.shape[-1]:
-            window.copy_(torch.cat([window[..., 1:], current.unsqueeze(-1).to(window.dtype)], dim=-1))
-        return F.silu(y.to(x.dtype)).unsqueeze(1)
+        return short_conv_step(x[:, 0], window, self.weight).unsqueeze(1)
 
 
 class KimiDeltaAttention(nn.Module):
@@ -205,6 +262,9 @@ class KimiDeltaAttention(nn.Module):
         # The prefill (several tokens) kernel, same signature as `kda_chunked`; a runtime may swap in a
         # GPU variant (fla's chunk_kda) for this module.
         self.chunked_kernel = kda_chunked
+        # The one-token kernel, same signature as `kda_decode_step`; a runtime may bind the fused Triton
+        # variant (engine/kernels/fused.py) on a GPU.
+        self.decode_kernel = kda_decode_step
         self._input_projections: SharedInputLinears | None = None
 
     def fuse_input_projections(self) -> None:
@@ -229,6 +289,18 @@ class KimiDeltaAttention(nn.Module):
         else:
             conv, recurrent = state.conv, state.recurrent
         p = self._project_input(x)
+        if n_tokens == 1:
+            # Dense f_b_proj / g_b_proj (the plans keep them) are applied inside the step (the fused
+            # kernel reads each head's rows of them: two launches fewer); others run here.
+            f, f_b = _low_rank(self.f_b_proj, p["f_a_proj"][:, 0])
+            gate, g_b = _low_rank(self.g_b_proj, p["g_a_proj"][:, 0])
+            o = self.decode_kernel(
+                p["q_proj"][:, 0], p["k_proj"][:, 0], p["v_proj"][:, 0], f, p["b_proj"][:, 0], gate, conv,
+                self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight, self.A_log, self.dt_bias,
+                self.o_norm.weight, recurrent, l2_eps=cfg.kda_l2norm_eps, norm_eps=self.o_norm.eps,
+                f_b_weight=f_b, g_b_weight=g_b,
+            )  # fmt: skip
+            return self.o_proj(o.unsqueeze(1))
         q = self.q_conv1d(p["q_proj"], conv[:, 0])
         k = self.k_conv1d(p["k_proj"], conv[:, 1])
         v = self.v_conv1d(p["v_proj"], conv[:, 2])
@@ -238,9 +310,6 @@ class KimiDeltaAttention(nn.Module):
         q = l2_normalize(q.float().unflatten(-1, (nh, -1)), eps) * cfg.kda_head_dim**-0.5
         k = l2_normalize(k.float().unflatten(-1, (nh, -1)), eps)
         v = v.float().unflatten(-1, (nh, -1))
-        if n_tokens == 1:
-            o = kda_recurrent_step(q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0], recurrent).unsqueeze(1)
-        else:
-            o = self.chunked_kernel(q, k, v, g, beta, recurrent)
+        o = self.chunked_kernel(q, k, v, g, beta, recurrent)
         gate = self.g_b_proj(p["g_a_proj"]).unflatten(-1, (nh, -1))
         return self.o_proj(self.o_norm(o, gate).flatten(-2))

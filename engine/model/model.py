@@ -43,14 +43,23 @@ class DecoderLayer(nn.Module):
         x = x + (self.self_attn(normed, state, start) if self.is_mla else self.self_attn(normed, state))
         return x + self.ffn(self.post_attention_layernorm(x))
 
-    def decode(self, x: torch.Tensor, state: KDAState | MLAState, cache: SequenceCache) -> torch.Tensor:
-        normed = self.input_layernorm(x)
+    def decode(
+        self, x: torch.Tensor, state: KDAState | MLAState, cache: SequenceCache, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One token: ``x + residual`` (the previous layer's FFN output, None for the first layer) is this
+        layer's input, its add fused with the input norm; returns (input + attention, FFN output): the
+        caller adds the FFN output into the next norm the same way."""
+        if residual is None:
+            normed = self.input_layernorm(x)
+        else:
+            x, normed = self.input_layernorm.add_forward(x, residual)
         if self.is_mla:
             # is_mla: the attention is MultiheadLatentAttention and the state its MLAState
-            x = x + self.self_attn.decode(normed, state, cache.position, cache.slots)  # type: ignore[operator, arg-type]
+            attn = self.self_attn.decode(normed, state, cache.position, cache.slots)  # type: ignore[operator, arg-type]
         else:
-            x = x + self.self_attn(normed, state)
-        return x + self.ffn(self.post_attention_layernorm(x))
+            attn = self.self_attn(normed, state)
+        x, normed = self.post_attention_layernorm.add_forward(x, attn)  # one fused launch on a GPU
+        return x, self.ffn(normed)
 
 
 class KimiLinearModel(nn.Module):
@@ -132,11 +141,11 @@ class KimiLinearForCausalLM(nn.Module):
         """The device work of `decode_step` alone (embedding -> layers -> norm -> head, then the device
         position += 1): it never reads the host-side length, so it can be compiled or graph-captured once
         per cache and replayed. The caller checks room first and advances the host length after."""
-        x = self.model.embed_tokens(token_ids.view(-1, 1))
+        x, residual = self.model.embed_tokens(token_ids.view(-1, 1)), None
         layers = cast("list[DecoderLayer]", self.model.layers)  # an nn.ModuleList of them
         for layer, state in zip(layers, cache.layers, strict=True):
-            x = layer.decode(x, state, cache)
-        logits = self.lm_head(self.model.norm(x[:, 0]))
+            x, residual = layer.decode(x, state, cache, residual)
+        logits = self.lm_head(self.model.norm.add_forward(x[:, 0], residual[:, 0])[1])
         cache.position.add_(1)
         return logits
 

@@ -34,15 +34,36 @@ class Router(nn.Module):
         self.e_score_correction_bias = nn.Parameter(
             torch.empty(cfg.num_experts, dtype=torch.float32, device=device)
         )
+        # A fused ``route_topk`` variant (engine/kernels/triton_router.py) on a GPU, or None: eager. With
+        # it, `shared_slot` (when set) is appended to every token's routes with weight 1 (a packed bank's
+        # shared expert, engine/kernels/fused.py).
+        self.kernel: Callable | None = None
+        self.shared_slot: int | None = None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, hidden] -> (expert_weights [N, k] FP32, expert_ids [N, k] int64)."""
-        scores = torch.sigmoid(F.linear(x.float(), self.weight))
-        expert_ids = torch.topk(scores + self.e_score_correction_bias, self.top_k, dim=-1).indices
-        weights = scores.gather(-1, expert_ids)
-        if self.renormalize:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        return weights * self.scaling, expert_ids
+        logits = F.linear(x.float(), self.weight)
+        bias = self.e_score_correction_bias
+        if self.kernel is None:
+            return route_scores(logits, bias, self.top_k, self.renormalize, self.scaling)
+        slots = self.top_k + (self.shared_slot is not None)
+        ids = torch.empty(logits.shape[0], slots, dtype=torch.long, device=logits.device)
+        weights = self.kernel(
+            logits, bias, self.top_k, self.renormalize, self.scaling, shared_slot=self.shared_slot, ids=ids
+        )
+        return weights, ids
+
+
+def route_scores(
+    logits: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router after its matmul: logits [N, E] FP32 -> (weights [N, k] FP32, expert ids [N, k] int64)."""
+    scores = torch.sigmoid(logits)
+    expert_ids = torch.topk(scores + bias, top_k, dim=-1).indices
+    weights = scores.gather(-1, expert_ids)
+    if renormalize:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return weights * scaling, expert_ids
 
 
 # Up to this many rows (tokens x sequences) take the decode paths: static shapes, no host reads, CUDA-graph

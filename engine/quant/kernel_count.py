@@ -1,7 +1,8 @@
 """Kernels per decode token of a model with the CUDA kernel selection, counted on the ``meta`` device.
 
 No GPU and no weights: the packed model is built on ``meta`` at its stored shapes, bound to the CUDA
-shipped defaults (the Triton variants), and one ``decode_tensors`` step is run under a dispatch mode that
+shipped defaults (the Triton variants: GEMVs, and the fused RMSNorm, KDA step and router of
+engine/kernels/fused.py), and one ``decode_tensors`` step is run under a dispatch mode that
 counts the aten operations that launch a kernel (views and allocations do not) while Triton's launches are
 intercepted and counted by kernel (engine/kernels/aot.py's capture; split-K reductions are part of the
 GEMV kernel, so they need no extra launch). An aten op is counted as one kernel, as it would launch on a
@@ -20,6 +21,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from engine.kernels import registry
 from engine.kernels.aot import SM_COUNTS, _intercepted
 from engine.kernels.defaults import SHIPPED_DEFAULTS
+from engine.kernels.fused import use_fused_kernels
 from engine.kernels.triton_gemv import direct_launches
 from engine.model.config import KimiLinearConfig
 from engine.quant.packed import PackedExpertBank, PackedLinear
@@ -28,7 +30,7 @@ from engine.quant.quantized_model import quantized_meta_model
 
 # Aten ops that allocate or read a scalar without a device kernel (views are told apart by their schema).
 _NO_KERNEL = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided", "lift_fresh",
-              "_local_scalar_dense"}  # fmt: skip
+              "_local_scalar_dense", "promote_types"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -48,9 +50,12 @@ class _AtenKernels(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
-        if not func.is_view and name not in _NO_KERNEL:
+        result = func(*args, **(kwargs or {}))
+        # `to` is marked a view (it may return its input); a dtype or device change is a copy kernel.
+        converts = name == "to" and result is not args[0]
+        if converts or (not func.is_view and name not in _NO_KERNEL):
             self.ops[name] += 1
-        return func(*args, **(kwargs or {}))
+        return result
 
 
 def cuda_selections() -> dict[str, registry.Selection]:
@@ -67,11 +72,15 @@ def count_decode_kernels(cfg: KimiLinearConfig, plan: Plan, *, batch: int = 1, c
                          dtype: torch.dtype = torch.bfloat16, sm_count: int = SM_COUNTS[90]) -> KernelCount:  # fmt: skip
     """Kernels one decode step of ``cfg`` quantised with ``plan`` launches at ``batch`` on a GPU with
     ``sm_count`` SMs (the split-K choice depends on it), after ``context`` tokens."""
+    from engine.runtime.engine import prepare_for_inference  # engine.runtime imports engine.quant
+
     model = quantized_meta_model(cfg, plan, dtype=dtype)
+    prepare_for_inference(model)  # as the engine does at load: shared-input projections as one GEMM
     selections = cuda_selections()
     for module in model.modules():
         if isinstance(module, PackedLinear | PackedExpertBank):
             module.bind(selections)
+    use_fused_kernels(model, selections)
     cache = model.new_cache(context + 1, batch_size=batch)
     cache.advance(context)
     tokens = torch.zeros(batch, dtype=torch.long, device="meta")

@@ -125,6 +125,7 @@ class PackedExpertBank(nn.Module):
         if shared_slot is not None and not 0 <= shared_slot < self.slots:
             raise ValueError(f"shared slot {shared_slot} outside a bank of {self.slots}")
         self.shared_slot = shared_slot
+        self.routes_include_shared = False  # the router appends the shared slot (engine/kernels/fused.py)
         for name, bank in banks.items():
             self.register_buffer(f"{name}_codes", bank.data)
             self.register_buffer(f"{name}_scales", bank.scales)
@@ -142,8 +143,8 @@ class PackedExpertBank(nn.Module):
         self._many_rows = swiglu.many_rows and grouped.many_rows
 
     def _route_table(self, expert_ids: torch.Tensor, expert_weights: torch.Tensor):
-        """Append the shared slot with weight 1 to every token's routes."""
-        if self.shared_slot is None:
+        """Append the shared slot with weight 1 to every token's routes (unless the router did)."""
+        if self.shared_slot is None or self.routes_include_shared:
             return expert_ids.contiguous(), expert_weights.contiguous()
         n = expert_ids.shape[0]
         ids = torch.cat([expert_ids, expert_ids.new_full((n, 1), self.shared_slot)], dim=1)

@@ -31,6 +31,7 @@ import torch
 
 from engine.codec import LinearWeight, dequantize
 from engine.kernels import registry
+from engine.kernels.fused import fused_variants, use_fused_kernels
 from engine.model.checkpoint_spec import TensorSpec, checkpoint_tensors
 from engine.model.config import KimiLinearConfig
 from engine.model.linear import Linear
@@ -198,6 +199,7 @@ def use_kernels(model: KimiLinearForCausalLM, kernels: dict[str, str] | None = N
     for module in model.modules():
         if isinstance(module, PackedLinear | PackedExpertBank):
             module.bind(selections)
+    use_fused_kernels(model, selections)
     return kernel_variants(model)
 
 
@@ -207,6 +209,8 @@ def kernel_variants(model: KimiLinearForCausalLM) -> dict[str, str]:
     for module in model.modules():
         if isinstance(module, PackedLinear | PackedExpertBank):
             found.update({op: selection.variant.name for op, selection in module.kernels.items()})
+    if found:  # a packed model: the fused decode kernels were bound with the same selections
+        found.update(fused_variants(model))
     return dict(sorted(found.items()))
 
 
@@ -260,6 +264,7 @@ def _assemble(
             for name, value in stored_values(unit, source.parts(unit, device), source.plan):
                 parameter_for(model, name).copy_(value)
             bar.update(1)
+    use_fused_kernels(model, selections)
     return model.eval()
 
 

@@ -31,14 +31,26 @@ def test_triton_variants_compile_in_one_graph_as_opaque_ops():
         graphs.append(graph)
         return compile_fx(graph, example_inputs)
 
-    def run_all():
-        return [fn(*case.args, **case.kwargs) for fn, case in calls]
+    def run_all():  # state an op updates in place (the KDA step's) is copied, so both runs start alike
+        return [
+            fn(*(a.clone() if i in case.mutated else a for i, a in enumerate(case.args)), **case.kwargs)
+            for fn, case in calls
+        ]
 
     expected = run_all()
     actual = torch.compile(run_all, backend=inductor, fullgraph=True)()
     assert len(graphs) == 1
     called = {str(node.target) for node in graphs[0].graph.nodes if node.op == "call_function"}
-    assert {"kimi.gemv", "kimi.grouped_gemv", "kimi.grouped_swiglu", "kimi.route_combine"} <= {
+    ops = {
+        "gemv",
+        "grouped_gemv",
+        "grouped_swiglu",
+        "route_combine",
+        "rms_norm",
+        "kda_decode_step",
+        "route_topk",
+    }
+    assert {f"kimi.{op}" for op in ops} <= {
         name.removeprefix("torch.ops.").removesuffix(".default") for name in called
     }, called
     for variant, want, got in zip(TRITON_VARIANTS, expected, actual, strict=True):
@@ -47,7 +59,8 @@ def test_triton_variants_compile_in_one_graph_as_opaque_ops():
 
 
 def test_the_ops_are_registered_with_fakes():
-    for name in ("gemv", "grouped_gemv", "grouped_swiglu", "route_combine"):
+    for name in ("gemv", "grouped_gemv", "grouped_swiglu", "route_combine", "rms_norm", "kda_decode_step",
+                 "route_topk"):  # fmt: skip
         assert hasattr(torch.ops.kimi, name)
     x = torch.empty(2, 64, device="meta", dtype=torch.bfloat16)
     codes = torch.empty(8, 32, device="meta", dtype=torch.uint8)

@@ -17,6 +17,10 @@ PINNED_CUDA = {
     "w4a16_grouped_gemv": "triton",
     "w4a16_grouped_swiglu": "triton_fused",
     "route_combine": "triton",
+    # The fused decode kernels (engine/kernels/fused.py): a few launches per layer instead of dozens.
+    "rms_norm": "triton",
+    "kda_decode_step": "triton",
+    "route_topk": "triton",
 }
 
 
@@ -42,6 +46,10 @@ PINNED_CPU = {
     "w4a16_grouped_gemv": "int4pack",
     "w4a16_grouped_swiglu": "int4pack",
     "route_combine": "reference",
+    # The model's own eager code (the references bind nothing: CPU runs are unchanged).
+    "rms_norm": "reference",
+    "kda_decode_step": "reference",
+    "route_topk": "reference",
 }
 
 

@@ -158,6 +158,9 @@ def test_quantised_run_records_the_bound_kernel_of_every_operation(tmp_path):
                 "w4a16_gemv",
                 "w4a16_grouped_gemv",
                 "w4a16_grouped_swiglu",
+                "rms_norm",
+                "kda_decode_step",
+                "route_topk",
             ]
         }
 

@@ -21,7 +21,8 @@ from engine.runtime import Engine, MemoryPlanError, ModelSourceError, open_model
 from engine.runtime.memory import dequantize_workspace_bytes, module_bytes
 from tests.runtime.runtime_support import ARTIFACT_CHAT_TEMPLATE, random_prompt
 
-OPS = ("route_combine", "w16a16_gemv", "w4a16_gemv", "w4a16_grouped_gemv", "w4a16_grouped_swiglu")
+OPS = ("route_combine", "w16a16_gemv", "w4a16_gemv", "w4a16_grouped_gemv", "w4a16_grouped_swiglu",
+       "rms_norm", "kda_decode_step", "route_topk")  # fmt: skip
 CPU_DEFAULT_KERNELS = {op: SHIPPED_DEFAULTS["cpu"][op] for op in OPS}
 
 
