@@ -46,7 +46,8 @@ def _route_shared_slot(moe: SparseMoE, *, fused: bool) -> None:
     if not hasattr(bank, "routes_include_shared"):  # a dense ExpertBank: no shared slot in it
         return
     shared = bank.shared_slot if fused else None
-    moe.gate.shared_slot, bank.routes_include_shared = shared, shared is not None
+    moe.gate.shared_slot = shared  # type: ignore[assignment]  # nn.Module's attribute typing
+    bank.routes_include_shared = shared is not None  # type: ignore[assignment]
 
 
 def fused_variants(model: nn.Module) -> dict[str, str]:

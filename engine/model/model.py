@@ -141,10 +141,12 @@ class KimiLinearForCausalLM(nn.Module):
         """The device work of `decode_step` alone (embedding -> layers -> norm -> head, then the device
         position += 1): it never reads the host-side length, so it can be compiled or graph-captured once
         per cache and replayed. The caller checks room first and advances the host length after."""
-        x, residual = self.model.embed_tokens(token_ids.view(-1, 1)), None
+        x = self.model.embed_tokens(token_ids.view(-1, 1))
+        residual: torch.Tensor | None = None
         layers = cast("list[DecoderLayer]", self.model.layers)  # an nn.ModuleList of them
         for layer, state in zip(layers, cache.layers, strict=True):
             x, residual = layer.decode(x, state, cache, residual)
+        assert residual is not None, "a model has at least one layer"
         logits = self.lm_head(self.model.norm.add_forward(x[:, 0], residual[:, 0])[1])
         cache.position.add_(1)
         return logits
