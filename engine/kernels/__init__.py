@@ -5,7 +5,7 @@ w4a16_grouped_gemv, w4a16_grouped_swiglu, route_combine. ``linear(x, weight)`` d
 :class:`~engine.codec.LinearWeight` to the GEMV for its format.
 """
 
-from engine.kernels import int4pack, native, reference, variants  # noqa: F401  (define the operations, register variants)
+from engine.kernels import cpp_cpu, int4pack, native, reference, variants  # noqa: F401  (define the operations, register variants)
 from engine.kernels.linear import GEMV_FOR_FORMAT, linear, linear_fn
 from engine.kernels.registry import (
     DEFAULT_SELECTION,
