@@ -6,7 +6,7 @@ kda_decode_step, route_topk (triton_norm.py, triton_kda.py, triton_router.py; bo
 :class:`~engine.codec.LinearWeight` to the GEMV for its format.
 """
 
-from engine.kernels import fused, int4pack, native, reference, variants  # noqa: F401  (define the operations, register variants)
+from engine.kernels import cpp_cpu, fused, int4pack, native, reference, variants  # noqa: F401  (define the operations, register variants)
 from engine.kernels.linear import GEMV_FOR_FORMAT, linear, linear_fn
 from engine.kernels.registry import (
     DEFAULT_SELECTION,

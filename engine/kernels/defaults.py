@@ -1,10 +1,12 @@
 """Shipped defaults per device type; pinned by tests/kernels/test_kernel_defaults.py.
 
 On CUDA every operation defaults to its Triton variant, so an ordinary run uses the same kernels the
-benchmarks measure. On the CPU the W4A16 operations default to torch's own int4pack kernels and the BF16
-GEMV (the LM head) to torch's matmul in BF16, which decode measured faster than the references (they
-dequantise or convert the weight to FP32 on every call): `python -m runners decode --quant default
---kernels reference,default`. The rest stay the references (the Triton variants would only run in the
+benchmarks measure. On the CPU the expert banks and the BF16 GEMV (the LM head) default
+to our C++ kernels (engine/kernels/cpp_cpu.py: one call over all routes, the head's BF16 read as stored,
+where torch's BF16 matmul at one row measured several times slower) and the dense W4A16 GEMV to torch's
+own int4pack kernel, which the compiled decode step measured faster than our C++ one for those shapes:
+`python -m runners decode --quant default --kernels reference,int4pack,cpp,default`. The rest stay the
+references (the Triton variants would only run in the
 interpreter, which is for tests); select them explicitly there.
 """
 
@@ -23,9 +25,9 @@ SHIPPED_DEFAULTS: dict[str, dict[str, str]] = {
     "cpu": {
         "w4a16_gemv": "int4pack",
         "w8a16_gemv": "reference",
-        "w16a16_gemv": "native",
-        "w4a16_grouped_gemv": "int4pack",
-        "w4a16_grouped_swiglu": "int4pack",
+        "w16a16_gemv": "cpp",
+        "w4a16_grouped_gemv": "cpp",
+        "w4a16_grouped_swiglu": "cpp",
         "route_combine": "reference",
         "rms_norm": "reference",
         "kda_decode_step": "reference",

@@ -15,7 +15,7 @@ import torch
 
 ENV_VAR = "KIMI_KERNELS"
 REFERENCE = "reference"
-BACKENDS = ("torch", "torch-cpu", "triton")
+BACKENDS = ("torch", "torch-cpu", "cpp-cpu", "triton")
 
 
 class KernelSelectionError(ValueError):
@@ -31,7 +31,9 @@ class Variant:
     op: str
     name: str
     fn: Callable
-    backend: str  # "torch" (runs anywhere), "torch-cpu" (torch kernels the CPU build only has) or "triton"
+    # "torch" (runs anywhere), "torch-cpu" (torch kernels the CPU build only has), "cpp-cpu" (our C++ CPU
+    # kernels, built at first use) or "triton"
+    backend: str
     description: str
     # ``pack(codes, scales) -> (codes, scales)``: the artifact's INT4 weight in the layout ``fn`` reads, made
     # once at load (None: ``fn`` reads the artifact's own layout). Applied to every weight pair of the op.
@@ -65,6 +67,8 @@ _OPERATIONS: dict[str, Operation] = {}
 # Set by engine.kernels.variants (set_triton_availability): device type -> why Triton kernels cannot run
 # there (None: they can).
 _triton_unavailable: Callable[[str], str | None] = lambda device_type: "Triton kernels are not registered"
+# Set by engine.kernels.cpp_cpu (set_cpp_availability): why our C++ CPU kernels cannot run (None: they can).
+_cpp_unavailable: Callable[[], str | None] = lambda: "the C++ CPU kernels are not registered"
 
 
 def define(op: str, description: str, *, weight_args: tuple[tuple[int, int], ...] = ()) -> None:
@@ -114,6 +118,11 @@ def set_triton_availability(check: Callable[[str], str | None]) -> None:
     _triton_unavailable = check
 
 
+def set_cpp_availability(check: Callable[[], str | None]) -> None:
+    global _cpp_unavailable
+    _cpp_unavailable = check
+
+
 def _operation(op: str) -> Operation:
     try:
         return _OPERATIONS[op]
@@ -149,16 +158,18 @@ def device_type(device: torch.device | str | None = None) -> str:
 def built_for(v: Variant, device: torch.device | str | None = None) -> bool:
     """Whether ``v`` is meant for ``device`` at all (a CPU-only torch kernel is not meant for a GPU); Triton
     variants are meant for every device, their availability there is :func:`unavailable_reason`'s."""
-    return v.backend != "torch-cpu" or device_type(device) == "cpu"
+    return v.backend not in ("torch-cpu", "cpp-cpu") or device_type(device) == "cpu"
 
 
 def unavailable_reason(v: Variant, device: torch.device | str | None = None) -> str | None:
     """Why ``v`` cannot run on ``device`` (None when it can)."""
     if v.backend == "torch":
         return None
-    if v.backend == "torch-cpu":
+    if v.backend in ("torch-cpu", "cpp-cpu"):
         dev = device_type(device)
-        return None if dev == "cpu" else f"torch's {v.name} kernels run on the CPU only, not on {dev}"
+        if dev != "cpu":
+            return f"{v.name} kernels run on the CPU only, not on {dev}"
+        return _cpp_unavailable() if v.backend == "cpp-cpu" else None
     return _triton_unavailable(device_type(device))
 
 

@@ -1,5 +1,6 @@
 """Pins the shipped defaults: an ordinary CUDA run uses the Triton kernels the benchmarks measure, an
-ordinary CPU run torch's own int4pack and BF16 kernels where decode measured them faster.
+ordinary CPU run our C++ kernels (expert banks, BF16 head) and torch's int4pack (dense INT4) where decode
+measured them faster.
 
 Changing a default is a deliberate act: update this table together with the receipts that justify it.
 """
@@ -42,9 +43,9 @@ def test_plain_resolution_on_cuda_picks_the_pinned_variant(monkeypatch, op):
 PINNED_CPU = {
     "w4a16_gemv": "int4pack",
     "w8a16_gemv": "reference",
-    "w16a16_gemv": "native",
-    "w4a16_grouped_gemv": "int4pack",
-    "w4a16_grouped_swiglu": "int4pack",
+    "w16a16_gemv": "cpp",
+    "w4a16_grouped_gemv": "cpp",
+    "w4a16_grouped_swiglu": "cpp",
     "route_combine": "reference",
     # The model's own eager code (the references bind nothing: CPU runs are unchanged).
     "rms_norm": "reference",

@@ -41,7 +41,7 @@ def test_selection_order_argument_then_env_then_default(monkeypatch):
         ("w4a16_gemv", "not of the form"),
         ("=triton", "not of the form"),
         ("w4a16_gemv=", "not of the form"),
-        ("w4a16_gemv=fast", "no variant 'fast'; available: int4pack, reference, triton"),
+        ("w4a16_gemv=fast", "no variant 'fast'; available: cpp, int4pack, reference, triton"),
         ("w4a16_gmev=triton", "unknown kernel operation"),
         ("w4a16_gemv=triton,w4a16_gemv=reference", "two variants"),
     ],

@@ -1,0 +1,281 @@
+// W4A16 GEMV (and the BF16/FP16 one of the LM head) on the CPU straight from the artifact's INT4 layout (engine/codec.py): codes [..., N, K/2]
+// uint8, element 2i in the low nibble and 2i+1 in the high one, two's-complement 4-bit; scales
+// [..., N, K/G] (BF16, FP16 or FP32). FP32 activations and accumulation. Built at first use by
+// engine/kernels/cpp_cpu.py with the machine's vector extensions; the loops are written so the compiler
+// vectorises them, with AVX-512 intrinsics where the machine has them.
+//
+// x is deinterleaved per group first ([G/2 even elements, G/2 odd elements]), so a group's low nibbles
+// meet one contiguous run of x and its high nibbles the next. Each row accumulates per lane, the group
+// scale applied to each group's lanes, and sums its lanes once at the end.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kBytesPerTask = 16384;  // codes one parallel task reads at least
+
+#if defined(__AVX512F__)
+// 16 codes (bytes) of one group -> their low and high nibbles as signed FP32 lanes, times x, summed. The
+// nibble indexes a table of the 16 code values (vpermps reads an index's low 4 bits): no mask, no convert.
+inline __m512 nibble_dot(const uint8_t* c, const float* x_low, const float* x_high) {
+  const __m512 codes = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, -8, -7, -6, -5, -4, -3, -2, -1);
+  const __m512i u = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c)));
+  const __m512 low = _mm512_permutexvar_ps(u, codes);
+  const __m512 high = _mm512_permutexvar_ps(_mm512_srli_epi32(u, 4), codes);
+  return _mm512_fmadd_ps(high, _mm512_loadu_ps(x_high), _mm512_mul_ps(low, _mm512_loadu_ps(x_low)));
+}
+
+template <int HALF, typename S>
+inline float row_dot(const uint8_t* codes, const S* scales, const float* xs, int64_t groups) {
+  static_assert(HALF % 16 == 0, "a group's half is whole vectors");
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};  // even and odd groups: two FMA chains
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* c = codes + g * HALF;
+    const float* x = xs + g * 2 * HALF;
+    __m512 sum = nibble_dot(c, x, x + HALF);
+    for (int j = 16; j < HALF; j += 16) sum = _mm512_add_ps(sum, nibble_dot(c + j, x + j, x + HALF + j));
+    acc[g & 1] = _mm512_fmadd_ps(sum, _mm512_set1_ps(static_cast<float>(scales[g])), acc[g & 1]);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
+}
+#else
+template <int HALF, typename S>
+inline float row_dot(const uint8_t* codes, const S* scales, const float* xs, int64_t groups) {
+  float acc[HALF] = {0};
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* c = codes + g * HALF;
+    const float* x = xs + g * 2 * HALF;
+    const float scale = static_cast<float>(scales[g]);
+#pragma omp simd
+    for (int j = 0; j < HALF; ++j) {
+      const int u = c[j] ^ 0x88;  // nibble ^ 8: the code + 8
+      acc[j] += scale * (float((u & 15) - 8) * x[j] + float((u >> 4) - 8) * x[HALF + j]);
+    }
+  }
+  float total = 0.f;
+  for (int j = 0; j < HALF; ++j) total += acc[j];
+  return total;
+}
+#endif
+
+using RowDot = float (*)(const uint8_t*, const void*, const float*, int64_t);
+
+template <int HALF, typename S>
+float row_dot_erased(const uint8_t* codes, const void* scales, const float* xs, int64_t groups) {
+  return row_dot<HALF, S>(codes, static_cast<const S*>(scales), xs, groups);
+}
+
+template <typename S>
+RowDot dot_for_group(int64_t group) {
+  switch (group) {
+    case 32: return row_dot_erased<16, S>;
+    case 64: return row_dot_erased<32, S>;
+    case 128: return row_dot_erased<64, S>;
+  }
+  TORCH_CHECK(false, "cpp kernels take group sizes 32, 64 or 128, got ", group);
+}
+
+RowDot dot_for(const at::Tensor& scales, int64_t group) {
+  switch (scales.scalar_type()) {
+    case at::kBFloat16: return dot_for_group<c10::BFloat16>(group);
+    case at::kHalf: return dot_for_group<c10::Half>(group);
+    case at::kFloat: return dot_for_group<float>(group);
+    default: TORCH_CHECK(false, "cpp scales must be BF16, FP16 or FP32, got ", scales.scalar_type());
+  }
+}
+
+// x [..., K] (any float dtype) -> FP32 [rows, K] deinterleaved per group (a loop: x is small, ATen's
+// reshape-transpose-copy cost more than the copy itself).
+at::Tensor split_groups(const at::Tensor& x, int64_t group) {
+  const int64_t k = x.size(-1);
+  TORCH_CHECK(group > 0 && k % group == 0, "K=", k, " is not a multiple of the group size ", group);
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor split = at::empty({xf.numel() / k, k}, xf.options());
+  const float* src = xf.data_ptr<float>();
+  float* dst = split.data_ptr<float>();
+  const int64_t half = group / 2;
+  for (int64_t start = 0; start < xf.numel(); start += group) {
+    for (int64_t j = 0; j < half; ++j) {
+      dst[start + j] = src[start + 2 * j];
+      dst[start + half + j] = src[start + 2 * j + 1];
+    }
+  }
+  return split;
+}
+
+void check_weight(const at::Tensor& codes, const at::Tensor& scales, int64_t k, int64_t group, int64_t lead) {
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && scales.is_contiguous(),
+              "cpp weights must be contiguous uint8 codes and scales");
+  TORCH_CHECK(codes.dim() == lead + 2 && scales.dim() == lead + 2, "cpp weight has the wrong rank");
+  TORCH_CHECK(codes.size(-1) * 2 == k && scales.size(-1) * group == k && scales.size(-2) == codes.size(-2),
+              "cpp weight [", codes.sizes(), "] with scales [", scales.sizes(), "] does not take K=", k,
+              " in groups of ", group);
+}
+
+int64_t grain(int64_t row_bytes) { return std::max<int64_t>(1, kBytesPerTask / std::max<int64_t>(1, row_bytes)); }
+
+// Route ids [B, S] as int64 values, each checked against the bank's size.
+at::Tensor checked_routes(const at::Tensor& route_ids, int64_t experts) {
+  TORCH_CHECK(route_ids.dim() == 2, "route_ids must be [B, S]");
+  at::Tensor ids = route_ids.to(at::kLong).contiguous();
+  const int64_t* p = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    TORCH_CHECK(p[i] >= 0 && p[i] < experts, "route id ", p[i], " outside a bank of ", experts, " experts");
+  }
+  return ids;
+}
+
+// y[M, N] = x[M, K] @ W^T; each weight row is read once for all M rows of x.
+at::Tensor w4a16_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t group) {
+  TORCH_CHECK(x.dim() == 2, "x must be [M, K]");
+  const int64_t m = x.size(0), k = x.size(1), n = codes.size(0);
+  check_weight(codes, scales, k, group, 0);
+  const at::Tensor xs = split_groups(x, group);
+  at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
+  const RowDot dot = dot_for(scales, group);
+  const uint8_t* c = codes.data_ptr<uint8_t>();
+  const char* s = static_cast<const char*>(scales.data_ptr());
+  const int64_t s_row = scales.size(1) * scales.element_size(), groups = k / group;
+  const float* xp = xs.data_ptr<float>();
+  float* y = out.data_ptr<float>();
+  at::parallel_for(0, n, grain(k / 2), [&](int64_t begin, int64_t end) {
+    for (int64_t row = begin; row < end; ++row) {
+      for (int64_t i = 0; i < m; ++i) {
+        y[i * n + row] = dot(c + row * (k / 2), s + row * s_row, xp + i * k, groups);
+      }
+    }
+  });
+  return out;
+}
+
+// A row of 16-bit weights (BF16 or FP16) dotted with FP32 x; four accumulators for four FMA chains.
+template <typename W>
+inline float dense_dot(const W* w, const float* x, int64_t k) {
+  int64_t j = 0;
+  float total = 0.f;
+#if defined(__AVX512F__)
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (; j + 16 <= k; j += 16) {
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + j));
+    __m512 weights;
+    if constexpr (std::is_same_v<W, c10::BFloat16>) {
+      weights = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));  // BF16: FP32's top half
+    } else {
+      weights = _mm512_cvtph_ps(bits);
+    }
+    acc[(j >> 4) & 3] = _mm512_fmadd_ps(weights, _mm512_loadu_ps(x + j), acc[(j >> 4) & 3]);
+  }
+  total = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+#endif
+  for (; j < k; ++j) total += static_cast<float>(w[j]) * x[j];
+  return total;
+}
+
+// y[M, N] = x[M, K] @ W^T for a BF16 / FP16 weight, FP32 activations and accumulation.
+at::Tensor w16_mm(const at::Tensor& x, const at::Tensor& weight) {
+  TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && weight.is_contiguous() && x.size(1) == weight.size(1),
+              "w16_mm takes x [M, K] and a contiguous weight [N, K]");
+  const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
+  const float* xp = xf.data_ptr<float>();
+  float* y = out.data_ptr<float>();
+  auto run = [&](auto* w) {
+    at::parallel_for(0, n, grain(k * 2), [&](int64_t begin, int64_t end) {
+      for (int64_t row = begin; row < end; ++row) {
+        for (int64_t i = 0; i < m; ++i) y[i * n + row] = dense_dot(w + row * k, xp + i * k, k);
+      }
+    });
+  };
+  if (weight.scalar_type() == at::kBFloat16) {
+    run(weight.data_ptr<c10::BFloat16>());
+  } else {
+    TORCH_CHECK(weight.scalar_type() == at::kHalf, "w16_mm weights must be BF16 or FP16, got ", weight.scalar_type());
+    run(weight.data_ptr<c10::Half>());
+  }
+  return out;
+}
+
+// out[b, s, n] = x[b(, s)] @ bank[route_ids[b, s]][n]^T; swiglu: silu(gate) * up over two banks.
+at::Tensor grouped(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& gate_scales,
+                   const c10::optional<at::Tensor>& up, const c10::optional<at::Tensor>& up_scales,
+                   const at::Tensor& route_ids, int64_t group) {
+  const int64_t k = x.size(-1), experts = gate.size(0), n = gate.size(1);
+  check_weight(gate, gate_scales, k, group, 1);
+  const bool swiglu = up.has_value();
+  if (swiglu) {
+    check_weight(*up, *up_scales, k, group, 1);
+    TORCH_CHECK(up->sizes() == gate.sizes() && up_scales->scalar_type() == gate_scales.scalar_type(),
+                "gate and up banks differ in shape or scale dtype");
+  }
+  const at::Tensor ids = checked_routes(route_ids, experts);
+  const int64_t batch = ids.size(0), slots = ids.size(1);
+  const bool per_slot = x.dim() == 3;
+  TORCH_CHECK((x.dim() == 2 && x.size(0) == batch) || (per_slot && x.size(0) == batch && x.size(1) == slots),
+              "x must be [B, K] or [B, S, K] for route_ids [B, S]");
+  const at::Tensor xs = split_groups(x, group);
+  at::Tensor out = at::empty({batch, slots, n}, x.options().dtype(at::kFloat));
+  const RowDot dot = dot_for(gate_scales, group);
+  const int64_t groups = k / group, row_bytes = k / 2, s_row = gate_scales.size(2) * gate_scales.element_size();
+  const uint8_t* g = gate.data_ptr<uint8_t>();
+  const uint8_t* u = swiglu ? up->data_ptr<uint8_t>() : nullptr;
+  const char* gs = static_cast<const char*>(gate_scales.data_ptr());
+  const char* us = swiglu ? static_cast<const char*>(up_scales->data_ptr()) : nullptr;
+  const int64_t* route = ids.data_ptr<int64_t>();
+  const float* xp = xs.data_ptr<float>();
+  float* y = out.data_ptr<float>();
+  at::parallel_for(0, batch * slots * n, grain(swiglu ? 2 * row_bytes : row_bytes), [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t route_index = item / n, row = item % n;
+      const int64_t w = route[route_index] * n + row;
+      const float* xrow = xp + (per_slot ? route_index : route_index / slots) * k;
+      const float a = dot(g + w * row_bytes, gs + w * s_row, xrow, groups);
+      if (!swiglu) {
+        y[item] = a;
+        continue;
+      }
+      const float b = dot(u + w * row_bytes, us + w * s_row, xrow, groups);
+      y[item] = a / (1.f + std::exp(-a)) * b;
+    }
+  });
+  return out;
+}
+
+at::Tensor w4a16_grouped(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                         const at::Tensor& route_ids, int64_t group) {
+  return grouped(x, codes, scales, c10::nullopt, c10::nullopt, route_ids, group);
+}
+
+at::Tensor w4a16_grouped_swiglu(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& gate_scales,
+                                const at::Tensor& up, const at::Tensor& up_scales, const at::Tensor& route_ids,
+                                int64_t group) {
+  TORCH_CHECK(x.dim() == 2, "the gate/up projection takes x as [B, K]");
+  return grouped(x, gate, gate_scales, up, up_scales, route_ids, group);
+}
+
+}  // namespace
+
+TORCH_LIBRARY(kimi_cpp_cpu, m) {
+  m.def("mm(Tensor x, Tensor codes, Tensor scales, int group) -> Tensor");
+  m.def("w16_mm(Tensor x, Tensor weight) -> Tensor");
+  m.def("grouped(Tensor x, Tensor codes, Tensor scales, Tensor route_ids, int group) -> Tensor");
+  m.def(
+      "grouped_swiglu(Tensor x, Tensor gate, Tensor gate_scales, Tensor up, Tensor up_scales, "
+      "Tensor route_ids, int group) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(kimi_cpp_cpu, CPU, m) {
+  m.impl("mm", &w4a16_mm);
+  m.impl("w16_mm", &w16_mm);
+  m.impl("grouped", &w4a16_grouped);
+  m.impl("grouped_swiglu", &w4a16_grouped_swiglu);
+}

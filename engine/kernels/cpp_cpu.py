@@ -1,0 +1,163 @@
+"""W4A16 (and the BF16 LM head's GEMV) on the CPU through our own C++ kernels (cpp_cpu.cpp), FP32 sums.
+
+They read the artifact's INT4 layout as stored (no repacked copy) and run each operation as one call:
+the dense GEMV reads each weight row once for all rows of ``x``; the expert ops loop over the routes
+inside the kernel (no per-route Python, no gathered copy of the bank; the route ids are host memory on
+the CPU, so nothing synchronises), and the SwiGLU computes gate and up of a row together. Work is split
+over torch's threads (``torch.set_num_threads``). The ops are torch library ops with fake
+implementations, so the compiled decode step traces them as opaque calls in one graph.
+
+The library is compiled on first use with the machine's own vector extensions (``-march=native``) into
+``$KIMI_CACHE_DIR/cpu-kernels/<cpu>`` (default ``~/.cache/local-kimi``); later processes load it from
+there. Without a C++ compiler the variants are unavailable, with the build's error as the reason.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from engine.kernels import reference, registry  # noqa: F401  (reference defines the operations)
+from engine.kernels.signatures import gemv_shape, grouped_shape, output
+
+SOURCE = Path(__file__).with_suffix(".cpp")
+NAME = "kimi_cpp_cpu"
+VARIANT = "cpp"
+GROUP_SIZES = (32, 64, 128)
+_ready = False  # the library is loaded (a plain flag: the compiled step traces no build logic)
+
+
+def _cpu_tag() -> str:
+    """The CPU model and flags: a library built with -march=native runs on this kind of CPU only."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+        lines = [line for line in info.splitlines() if line.startswith(("model name", "flags"))][:2]
+    except OSError:
+        lines = [platform.processor()]
+    return f"{platform.machine()}-" + hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
+
+
+def build_dir() -> Path:
+    base = Path(os.environ.get("KIMI_CACHE_DIR", Path.home() / ".cache" / "local-kimi"))
+    return base / "cpu-kernels" / _cpu_tag()
+
+
+@functools.cache
+def _load() -> str | None:
+    """Build (or load the cached build of) the library and register its fakes; the error if that fails."""
+    from torch.utils import cpp_extension
+
+    directory = build_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        cpp_extension.load_inline(
+            NAME,
+            cpp_sources=[SOURCE.read_text()],
+            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"],
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(directory),
+            is_python_module=False,
+        )
+    except (RuntimeError, OSError, ImportError) as error:  # no compiler, no ninja, a failed build
+        return f"building {SOURCE.name} failed: {str(error).strip().splitlines()[-1]}"
+    _register_fakes()
+    global _ready
+    _ready = True
+    return None
+
+
+def unavailable() -> str | None:
+    """Why the kernels cannot run here (None when they can); builds the library on first call."""
+    return _load()
+
+
+def _register_fakes() -> None:
+    @torch.library.register_fake(f"{NAME}::mm")
+    def _(x, codes, scales, group):
+        return x.new_empty((x.shape[0], codes.shape[0]), dtype=torch.float32)
+
+    @torch.library.register_fake(f"{NAME}::w16_mm")
+    def _(x, weight):
+        return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
+
+    @torch.library.register_fake(f"{NAME}::grouped")
+    def _(x, codes, scales, route_ids, group):
+        return x.new_empty((*route_ids.shape, codes.shape[1]), dtype=torch.float32)
+
+    @torch.library.register_fake(f"{NAME}::grouped_swiglu")
+    def _(x, gate, gate_scales, up, up_scales, route_ids, group):
+        return x.new_empty((*route_ids.shape, gate.shape[1]), dtype=torch.float32)
+
+
+def _ops():
+    if not _ready and (reason := _load()) is not None:
+        raise registry.KernelUnavailable(f"cpp kernels cannot run: {reason}")
+    return torch.ops.kimi_cpp_cpu
+
+
+def _variant(op: str, description: str):
+    return registry.register(op, VARIANT, backend="cpp-cpu", description=description, many_rows=True)
+
+
+def _check_group(group_size: int) -> None:
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"cpp kernels take group sizes {GROUP_SIZES}, got {group_size}")
+
+
+@_variant("w4a16_gemv", "C++ GEMV on the artifact's codes, FP32 activations; each row read once for all x")
+def w4a16_gemv(x, codes, scales, group_size, *, out=None, out_dtype=None):
+    shape = gemv_shape("int4", x, codes, scales, group_size)
+    _check_group(group_size)
+    out = output(out, (shape.batch, shape.n), out_dtype or x.dtype, x.device)
+    out.copy_(_ops().mm(x, codes, scales, group_size))
+    return out
+
+
+@_variant("w16a16_gemv", "C++ GEMV reading the BF16/FP16 weight as stored, FP32 activations and sums")
+def w16a16_gemv(x, weight, *, out=None, out_dtype=None):
+    shape = gemv_shape("dense", x, weight, None, None)
+    out = output(out, (shape.batch, shape.n), out_dtype or x.dtype, x.device)
+    out.copy_(_ops().w16_mm(x, weight.contiguous()))
+    return out
+
+
+@_variant("w4a16_grouped_gemv", "C++ loop over the routes in one call on the artifact's codes, FP32")
+def w4a16_grouped_gemv(x, codes, scales, route_ids, group_size, *, out=None, out_dtype=None):
+    shape = grouped_shape(x, codes, scales, route_ids, group_size)
+    _check_group(group_size)
+    out = output(out, (shape.batch, shape.slots, shape.n), out_dtype or x.dtype, x.device)
+    if codes.shape[0] == 1 and x.ndim == 2:  # one expert for every row (prefill): a GEMM
+        out.copy_(_ops().mm(x, codes[0], scales[0], group_size).unsqueeze(1).expand_as(out))
+    else:
+        out.copy_(_ops().grouped(x, codes, scales, route_ids, group_size))
+    return out
+
+
+@_variant(
+    "w4a16_grouped_swiglu", "C++: gate and up rows of each route together, silu(gate) * up in FP32, one call"
+)
+def w4a16_grouped_swiglu(x, gate_codes, gate_scales, up_codes, up_scales, route_ids, group_size, *, out=None):
+    shape = grouped_shape(x, gate_codes, gate_scales, route_ids, group_size)
+    grouped_shape(x, up_codes, up_scales, route_ids, group_size)
+    if shape.per_slot_input:
+        raise ValueError("the gate/up projection takes x as [B, K]")
+    _check_group(group_size)
+    out = output(out, (shape.batch, shape.slots, shape.n), x.dtype, x.device)
+    if gate_codes.shape[0] == 1:  # one expert for every row (prefill): two GEMMs
+        gate = _ops().mm(x, gate_codes[0], gate_scales[0], group_size)
+        up = _ops().mm(x, up_codes[0], up_scales[0], group_size)
+        out.copy_((F.silu(gate) * up).unsqueeze(1).expand_as(out))
+    else:
+        out.copy_(
+            _ops().grouped_swiglu(x, gate_codes, gate_scales, up_codes, up_scales, route_ids, group_size)
+        )
+    return out
+
+
+registry.set_cpp_availability(unavailable)

@@ -1,0 +1,51 @@
+"""Our C++ CPU kernels beyond the equivalence harness: bad input is refused with a clear error, a failed
+build makes the variants unavailable (never a silent fallback), and they run inside the compiled step."""
+
+import pytest
+import torch
+
+import engine.kernels  # noqa: F401
+from engine.kernels import cpp_cpu, registry
+
+pytestmark = pytest.mark.skipif(cpp_cpu.unavailable() is not None, reason=str(cpp_cpu.unavailable()))
+
+
+def _bank(experts=4, n=16, k=64, group=32):
+    gen = torch.Generator().manual_seed(3)
+    codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=gen)
+    scales = (torch.rand(experts, n, k // group, generator=gen) * 0.05).to(torch.bfloat16)
+    return codes, scales
+
+
+def test_a_route_outside_the_bank_is_refused():
+    codes, scales = _bank()
+    x = torch.randn(1, 64)
+    with pytest.raises(RuntimeError, match="route id 4 outside a bank of 4 experts"):
+        cpp_cpu.w4a16_grouped_gemv(x, codes, scales, torch.tensor([[0, 4]], dtype=torch.int32), 32)
+
+
+def test_an_unsupported_group_size_is_refused_by_name():
+    codes, scales = _bank(k=64, group=16)
+    with pytest.raises(ValueError, match="group sizes"):
+        cpp_cpu.w4a16_gemv(torch.randn(1, 64), codes[0], scales[0], 16)
+
+
+def test_a_failed_build_makes_the_variants_unavailable(monkeypatch):
+    monkeypatch.setattr(registry, "_cpp_unavailable", lambda: "building cpp_cpu.cpp failed: no compiler")
+    with pytest.raises(registry.KernelUnavailable, match="no compiler"):
+        registry.select("w4a16_grouped_gemv", "cpp", "cpu")
+    assert registry.unavailable_reason(registry.variant("w16a16_gemv", "cpp"), "cuda") is not None
+
+
+def test_the_ops_trace_in_one_graph():
+    """Opaque library ops with fake implementations: fullgraph compilation, results equal to eager."""
+    gate_up, down = _bank(n=32, k=64), _bank(n=64, k=32)
+    ids = torch.tensor([[2, 0, 3]], dtype=torch.int32)
+    x = torch.randn(1, 64)  # FP32 throughout: Inductor may skip a BF16 rounding between the ops
+
+    def experts(x, ids):
+        hidden = cpp_cpu.w4a16_grouped_swiglu(x, *gate_up, *gate_up, ids, 32)
+        return cpp_cpu.w4a16_grouped_gemv(hidden.float(), *down, ids, 32, out_dtype=torch.float32)
+
+    compiled = torch.compile(experts, fullgraph=True, dynamic=False)
+    torch.testing.assert_close(compiled(x, ids), experts(x, ids), rtol=1e-5, atol=1e-5)
