@@ -34,3 +34,14 @@ SHIPPED_DEFAULTS: dict[str, dict[str, str]] = {
         "route_topk": "reference",
     },
 }
+
+# What a shipped default gives way to where it cannot run (our C++ kernels on a machine without a C++
+# compiler or ninja): torch's own kernels, which need no build. Used with a warning naming the reason,
+# never silently; a variant chosen by argument or KIMI_KERNELS never falls back.
+SHIPPED_FALLBACKS: dict[str, dict[str, str]] = {
+    "cpu": {
+        "w16a16_gemv": "native",
+        "w4a16_grouped_gemv": "int4pack",
+        "w4a16_grouped_swiglu": "int4pack",
+    },
+}

@@ -7,7 +7,9 @@ cannot run on the device raises :class:`KernelUnavailable` with the reason; noth
 
 from __future__ import annotations
 
+import functools
 import os
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -59,7 +61,7 @@ class Operation:
 @dataclass(frozen=True)
 class Selection:
     variant: Variant
-    source: str  # "argument" | "KIMI_KERNELS" | "shipped default"
+    source: str  # "argument" | "KIMI_KERNELS" | "shipped default" | "shipped fallback"
     device_type: str
 
 
@@ -198,7 +200,7 @@ def unused_env_entries(bound_ops: Iterable[str], chosen: dict[str, str] | None =
 
 def select(op: str, variant_name: str | None = None, device: torch.device | str | None = None) -> Selection:
     """Resolve which variant runs ``op`` on ``device`` and why; raises if it cannot run there."""
-    from engine.kernels.defaults import SHIPPED_DEFAULTS
+    from engine.kernels.defaults import SHIPPED_DEFAULTS, SHIPPED_FALLBACKS
 
     dev = device_type(device)
     if variant_name is not None:
@@ -210,10 +212,22 @@ def select(op: str, variant_name: str | None = None, device: torch.device | str 
         if defaults is None or op not in defaults:
             raise KernelSelectionError(f"no shipped default for {op} on {dev}")
         chosen, source = variant(op, defaults[op]), "shipped default"
+        reason = unavailable_reason(chosen, dev)
+        fallback = SHIPPED_FALLBACKS.get(dev, {}).get(op)
+        if reason is not None and fallback is not None and unavailable_reason(variant(op, fallback), dev) is None:
+            _warn_fallback(op, chosen.name, fallback, dev, reason)
+            chosen, source = variant(op, fallback), "shipped fallback"
     reason = unavailable_reason(chosen, dev)
     if reason is not None:
         raise KernelUnavailable(f"{op}={chosen.name} ({source}) cannot run on {dev}: {reason}")
     return Selection(chosen, source, dev)
+
+
+@functools.cache
+def _warn_fallback(op: str, default: str, fallback: str, dev: str, reason: str) -> None:
+    """Once per operation and reason: which kernel runs instead of the shipped default, and why."""
+    warnings.warn(f"{op}: the shipped default {default} cannot run on {dev} ({reason}); using {fallback}",
+                  RuntimeWarning, stacklevel=3)  # fmt: skip
 
 
 def get(op: str, variant_name: str | None = None, device: torch.device | str | None = None) -> Callable:

@@ -1,5 +1,6 @@
 """Our C++ CPU kernels beyond the equivalence harness: bad input is refused with a clear error, a failed
-build makes the variants unavailable (never a silent fallback), and they run inside the compiled step."""
+build makes the variants unavailable (a shipped default then gives way to torch's kernels with a warning,
+a chosen variant never), and they run inside the compiled step."""
 
 import pytest
 import torch
@@ -35,6 +36,15 @@ def test_a_failed_build_makes_the_variants_unavailable(monkeypatch):
     with pytest.raises(registry.KernelUnavailable, match="no compiler"):
         registry.select("w4a16_grouped_gemv", "cpp", "cpu")
     assert registry.unavailable_reason(registry.variant("w16a16_gemv", "cpp"), "cuda") is not None
+
+
+def test_without_a_build_the_shipped_defaults_give_way_to_torch_kernels_with_a_warning(monkeypatch):
+    monkeypatch.setattr(registry, "_cpp_unavailable", lambda: "building cpp_cpu.cpp failed: no compiler")
+    monkeypatch.delenv(registry.ENV_VAR, raising=False)
+    with pytest.warns(RuntimeWarning, match="w4a16_grouped_gemv: the shipped default cpp cannot run.*no compiler.*int4pack"):
+        chosen = registry.select("w4a16_grouped_gemv", device="cpu")
+    assert (chosen.variant.name, chosen.source) == ("int4pack", "shipped fallback")
+    assert registry.select("w16a16_gemv", device="cpu").variant.name == "native"
 
 
 def test_the_ops_trace_in_one_graph():
