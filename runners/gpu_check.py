@@ -35,10 +35,10 @@ from pathlib import Path
 import click
 import torch
 
+from engine.kernel_tools.shapes import EDGE_SHAPES, kimi_shapes
+from engine.kernel_tools.traffic import op_bytes
 from engine.kernels import registry
 from engine.kernels.defaults import SHIPPED_DEFAULTS
-from engine.kernels.shapes import EDGE_SHAPES, kimi_shapes
-from engine.kernels.traffic import op_bytes
 from engine.kernels.triton_gemv import LaunchConfig
 from engine.model import KimiLinearConfig, preset
 
@@ -187,7 +187,7 @@ def measure_copy(device, *, command: list[str], out: Path) -> list[float]:
 def _time(m: Measurement, device, l2_bytes: int) -> tuple[list[float], int]:
     import triton.testing
 
-    from engine.kernels.cases import CASES
+    from engine.kernel_tools.cases import CASES
 
     chosen = registry.select(m.op, m.variant, device).variant
     rotation = rotations(m.bytes_per_call, l2_bytes)
@@ -229,7 +229,7 @@ def run(
     if not torch.cuda.is_available():
         print("gpu_check needs an NVIDIA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
-    from engine.kernels.equivalence import check, check_all
+    from engine.kernel_tools.equivalence import check, check_all
     from harness.receipt import write_receipt
 
     checks, timed = plan(config, group, batches, ops, sweep=sweep, references=references)

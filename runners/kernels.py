@@ -24,9 +24,9 @@ import click
 import torch
 
 from engine.cli_options import synthetic_option
+from engine.kernel_tools.cases import CASES
+from engine.kernel_tools.equivalence import check_all
 from engine.kernels import registry
-from engine.kernels.cases import CASES
-from engine.kernels.equivalence import check_all
 from engine.kernels.triton_gemv import triton_unavailable
 from engine.model import preset
 from engine.model.presets import PRESETS

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from engine.kernel_tools.aot import SM_COUNTS, _intercepted
 from engine.kernels import registry
-from engine.kernels.aot import SM_COUNTS, _intercepted
 from engine.kernels.defaults import SHIPPED_DEFAULTS
 from engine.kernels.triton_gemv import direct_launches
 from engine.model.config import KimiLinearConfig
