@@ -8,11 +8,11 @@ own timeout, receipts and log returned as one tar (docs/RUNTIME.md). The kernel 
 
 1. Measures device-to-device copy bandwidth (runners/bandwidth.py: 1 GiB, do_bench, read + write bytes).
 2. Checks every non-reference variant against its reference at the edge shapes and at the full
-   Kimi-Linear shapes (engine/kernels/equivalence.py: fresh inputs, poisoned outputs, dtype tolerances).
+   Kimi-Linear shapes (engine/kernel_tools/equivalence.py: fresh inputs, poisoned outputs, dtype tolerances).
 3. Times every variant at the full shapes: a CUDA graph of R calls on R different input sets (R chosen
    so their bytes exceed 4x the L2 cache), replayed under ``triton.testing.do_bench`` (which also
    flushes L2 before each replay); per-call time = replay time / R. Achieved bandwidth is the call's
-   compulsory bytes (engine/kernels/traffic.py) over the median time, reported against the copy bandwidth.
+   compulsory bytes (engine/kernel_tools/traffic.py) over the median time, reported against the copy bandwidth.
 4. Writes one receipt per measurement through harness.receipt (suite "kernels") and equivalence.json.
 
 ``--sweep`` also checks and times alternative Triton launch configurations (tile rows, split-K) at batch 1,

@@ -3,7 +3,7 @@
 No GPU and no weights: the packed model is built on ``meta`` at its stored shapes, bound to the CUDA
 shipped defaults (the Triton variants), and one ``decode_tensors`` step is run under a dispatch mode that
 counts the aten operations that launch a kernel (views and allocations do not) while Triton's launches are
-intercepted and counted by kernel (engine/kernels/aot.py's capture; split-K reductions are part of the
+intercepted and counted by kernel (engine/kernel_tools/aot.py's capture; split-K reductions are part of the
 GEMV kernel, so they need no extra launch). An aten op is counted as one kernel, as it would launch on a
 GPU in eager mode; Inductor or CUDA graphs fuse or batch some of them, so this is the eager upper bound
 the fusion work is measured against.
