@@ -18,6 +18,7 @@ from torch import nn
 
 from engine.model.config import KimiLinearConfig
 from engine.model.mlp import MLP
+from engine.model.paths import takes_decode_path
 
 
 class Router(nn.Module):
@@ -45,11 +46,6 @@ class Router(nn.Module):
         return weights * self.scaling, expert_ids
 
 
-# Up to this many rows (tokens x sequences) take the decode paths: static shapes, no host reads, CUDA-graph
-# capturable (a packed bank's GEMV kernels too: engine/quant/packed.py). More rows take the prefill path.
-DECODE_MAX_ROWS = 16
-
-
 def expert_ffn(
     x: torch.Tensor,
     expert_ids: torch.Tensor,
@@ -67,12 +63,13 @@ def expert_ffn(
     One token (batch-1 decode): gather its k experts and run batched matmuls. A few tokens (batched
     decode): the union of their selections, each chosen expert read once for all rows. Both have shapes
     that depend only on N and k, so the step is CUDA-graph capturable. Many (prefill): sort assignments by
-    expert and run one matmul per expert that has tokens (a host read of the counts).
+    expert and run one matmul per expert that has tokens (a host read of the counts). engine/model/paths.py
+    draws the line between a few and many.
     """
     n_tokens = expert_ids.shape[0]
     if n_tokens == 1:
         return _expert_ffn_gathered(x, expert_ids, expert_weights, w1, w3, w2)
-    if n_tokens <= DECODE_MAX_ROWS:
+    if takes_decode_path(n_tokens):
         return _expert_ffn_union(x, expert_ids, expert_weights, w1, w3, w2)
     return grouped_expert_ffn(x, expert_ids, expert_weights, w1.shape[0], lambda e: (w1[e], w3[e], w2[e]))
 
