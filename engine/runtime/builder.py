@@ -56,7 +56,7 @@ class BuiltModel:
 def build_model(
     source: ModelSource,
     *,
-    device: torch.device,
+    device: torch.device | str,
     dtype: torch.dtype,
     kernels: dict[str, str] | None = None,
     kda_kernel: str = "auto",
@@ -65,6 +65,7 @@ def build_model(
 ) -> BuiltModel:
     """The model of `source` on `device` in its final form (steps 1 to 4 above). Warns about
     `KIMI_KERNELS` entries that select nothing for these weights."""
+    device = torch.device(device)
     kda_name, chunked_kernel = select_kda_kernel(kda_kernel, device)
     model = source.load(
         device, dtype, kernels=kernels, verify=verify, progress=progress, kda_chunked_kernel=chunked_kernel
