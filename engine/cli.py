@@ -3,7 +3,7 @@
 import click
 
 from engine.gguf_export import export_gguf_command
-from engine.kernels.cli import kernels
+from engine.kernel_tools.cli import kernels
 from engine.quant.cli import quantize, verify
 from engine.server.cli import serve_command
 from engine.synth import synth_command

@@ -8,11 +8,11 @@ own timeout, receipts and log returned as one tar (docs/RUNTIME.md). The kernel 
 
 1. Measures device-to-device copy bandwidth (runners/bandwidth.py: 1 GiB, do_bench, read + write bytes).
 2. Checks every non-reference variant against its reference at the edge shapes and at the full
-   Kimi-Linear shapes (engine/kernels/equivalence.py: fresh inputs, poisoned outputs, dtype tolerances).
+   Kimi-Linear shapes (engine/kernel_tools/equivalence.py: fresh inputs, poisoned outputs, dtype tolerances).
 3. Times every variant at the full shapes: a CUDA graph of R calls on R different input sets (R chosen
    so their bytes exceed 4x the L2 cache), replayed under ``triton.testing.do_bench`` (which also
    flushes L2 before each replay); per-call time = replay time / R. Achieved bandwidth is the call's
-   compulsory bytes (engine/kernels/traffic.py) over the median time, reported against the copy bandwidth.
+   compulsory bytes (engine/kernel_tools/traffic.py) over the median time, reported against the copy bandwidth.
 4. Writes one receipt per measurement through harness.receipt (suite "kernels") and equivalence.json.
 
 ``--sweep`` also checks and times alternative Triton launch configurations (tile rows, split-K) at batch 1,
@@ -36,10 +36,10 @@ import click
 import torch
 
 from common.click_options import count_option
+from engine.kernel_tools.shapes import EDGE_SHAPES, kimi_shapes
+from engine.kernel_tools.traffic import op_bytes
 from engine.kernels import registry
 from engine.kernels.defaults import SHIPPED_DEFAULTS
-from engine.kernels.shapes import EDGE_SHAPES, kimi_shapes
-from engine.kernels.traffic import op_bytes
 from engine.kernels.triton_gemv import LaunchConfig
 from engine.model import KimiLinearConfig, preset
 
@@ -188,7 +188,7 @@ def measure_copy(device, *, command: list[str], out: Path) -> list[float]:
 def _time(m: Measurement, device, l2_bytes: int) -> tuple[list[float], int]:
     import triton.testing
 
-    from engine.kernels.cases import CASES
+    from engine.kernel_tools.cases import CASES
 
     chosen = registry.select(m.op, m.variant, device).variant
     rotation = rotations(m.bytes_per_call, l2_bytes)
@@ -230,7 +230,7 @@ def run(
     if not torch.cuda.is_available():
         print("gpu_check needs an NVIDIA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
-    from engine.kernels.equivalence import check, check_all
+    from engine.kernel_tools.equivalence import check, check_all
     from harness.receipt import write_receipt
 
     checks, timed = plan(config, group, batches, ops, sweep=sweep, references=references)

@@ -80,8 +80,8 @@ def _kernels(device: str, copy: list[float], command: list[str], results: Path) 
 
 def _kernels_on_cpu(copy_gbs: float, command: list[str], results: Path) -> int:
     """The dry run's kernel step: equivalence at the tiny preset, one timed sample of each variant."""
-    from engine.kernels.equivalence import check_all
-    from engine.kernels.shapes import kimi_shapes
+    from engine.kernel_tools.equivalence import check_all
+    from engine.kernel_tools.shapes import kimi_shapes
     from engine.model import preset
     from harness.receipt import write_receipt
     from runners import gpu_check

@@ -25,9 +25,9 @@ import torch
 
 from common.click_options import count_option
 from engine.cli_options import synthetic_option
+from engine.kernel_tools.cases import CASES
+from engine.kernel_tools.equivalence import check_all
 from engine.kernels import registry
-from engine.kernels.cases import CASES
-from engine.kernels.equivalence import check_all
 from engine.kernels.triton_gemv import triton_unavailable
 from engine.model import preset
 from engine.model.presets import PRESETS

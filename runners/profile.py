@@ -167,9 +167,9 @@ COUNT_BATCHES = (1, 8)
 
 def count_kernels_receipt(synthetic: str, quant: str, context: int, results) -> Path:
     """Kernels per decode step of a synthetic preset with the CUDA kernels, counted on meta (a receipt)."""
-    from engine.kernels.aot import SM_COUNTS
+    from engine.kernel_tools.aot import SM_COUNTS
+    from engine.kernel_tools.kernel_count import count_decode_kernels
     from engine.model import preset
-    from engine.quant.kernel_count import count_decode_kernels
     from engine.quant.plan import make_plan
 
     samples, breakdown = {}, {}

@@ -12,12 +12,12 @@ import click
 import pytest
 from click.testing import CliRunner
 
+from common.memory_cap import default_cap_gib
 from engine.cli import main as engine_main
 from engine.cli_options import DTYPE_ALIASES, DTYPES, NO_QUANT
 from engine.kernels import KernelSelectionError
 from engine.model.presets import PRESETS
 from engine.quant.plan import PLANS
-from harness.caps import default_cap_gib
 from harness.cli import main as harness_main
 from k3.cli import main as k3_main
 from runners.cli import main as runners_main

@@ -24,7 +24,7 @@ kernel, deterministic.
 Every public function launches through a torch custom op (``torch.ops.kimi.*``, registered with a fake
 that only declares the in-place write of ``out``), so ``torch.compile`` keeps the kernels in its graph as
 opaque calls instead of breaking the graph at a Triton launch. An explicit ``config`` (launch sweeps,
-engine/kernels/aot.py) launches directly.
+engine/kernel_tools/aot.py) launches directly.
 
 Interpreter-safe (``TRITON_INTERPRET=1``): no ``tl.dot``, no block pointers, no inline asm, no autotune,
 every tile dimension a power of two >= 16.
@@ -49,7 +49,7 @@ _FORMATS = {"int4": FMT_INT4, "int8": FMT_INT8, "dense": FMT_DENSE}
 _VALUES_PER_WORD = {"int4": 8, "int8": 4, "dense": 1}
 # Bit pattern of the float 2^23. Passed to the kernels as an argument, not written as a literal: as an
 # immediate it takes LOP3's single immediate slot and ptxas re-materialises every nibble mask with a MOV
-# (about 1.7 more instructions per weight byte on sm_90, see engine/kernels/aot.py).
+# (about 1.7 more instructions per weight byte on sm_90, see engine/kernel_tools/aot.py).
 _MAGIC = 0x4B000000
 
 

@@ -10,6 +10,8 @@ time (prefill). Both work in FP32 and update the state in place.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,6 +25,9 @@ CHUNK_SIZE = 64
 SUB_CHUNK = 16  # inside a chunk, decays are formed element by element only within blocks this long
 _GROUP_ELEMENTS = 1 << 26  # bound on the largest temporary of the batched (state-independent) phase
 _INPUT_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "f_a_proj", "b_proj", "g_a_proj")  # all read x
+
+# A KDA prefill kernel: `kda_chunked`'s signature and contract (q, k, v, g, beta, state -> o; state updated).
+ChunkedKernel = Callable[..., torch.Tensor]
 
 
 def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -239,7 +244,9 @@ class ShortConv(nn.Module):
 
 
 class KimiDeltaAttention(nn.Module):
-    def __init__(self, cfg: KimiLinearConfig, *, dtype=None, device=None):
+    def __init__(
+        self, cfg: KimiLinearConfig, *, chunked_kernel: ChunkedKernel | None = None, dtype=None, device=None
+    ):
         super().__init__()
         self.cfg = cfg
         h, d, hd, nh = cfg.hidden_size, cfg.kda_dim, cfg.kda_head_dim, cfg.kda_num_heads
@@ -259,9 +266,9 @@ class KimiDeltaAttention(nn.Module):
         self.g_b_proj = Linear(hd, d, **kw)
         self.o_norm = GatedRMSNorm(hd, cfg.rms_norm_eps, **kw)
         self.o_proj = Linear(d, h, **kw)
-        # The prefill (several tokens) kernel, same signature as `kda_chunked`; a runtime may swap in a
-        # GPU variant (fla's chunk_kda) for this module.
-        self.chunked_kernel = kda_chunked
+        # The prefill (several tokens) kernel: `kda_chunked` unless the builder (engine/runtime/builder.py)
+        # constructs the model with another of the same contract (fla's chunk_kda on a GPU).
+        self.chunked_kernel = chunked_kernel or kda_chunked
         # The one-token kernel, same signature as `kda_decode_step`; a runtime may bind the fused Triton
         # variant (engine/kernels/fused.py) on a GPU.
         self.decode_kernel = kda_decode_step

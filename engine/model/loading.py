@@ -20,6 +20,7 @@ from safetensors import SafetensorError, safe_open
 
 from engine.model.checkpoint_spec import TensorSpec, checkpoint_tensors
 from engine.model.config import KimiLinearConfig
+from engine.model.kda import ChunkedKernel
 from engine.model.model import KimiLinearForCausalLM
 from engine.progress import progress_bar
 
@@ -127,10 +128,13 @@ def load_model(
     device: torch.device | str = "cpu",
     dtype: torch.dtype = torch.bfloat16,
     progress: bool = False,
+    kda_chunked_kernel: ChunkedKernel | None = None,
 ) -> KimiLinearForCausalLM:
     """Build the model on `device` (parameters allocated there, not on the CPU first) and fill it."""
     checkpoint = Checkpoint.open(path)
-    model = KimiLinearForCausalLM(checkpoint.config, dtype=dtype, device="meta").to_empty(device=device)
+    model = KimiLinearForCausalLM(
+        checkpoint.config, dtype=dtype, device="meta", kda_chunked_kernel=kda_chunked_kernel
+    ).to_empty(device=device)
     load_weights(model, checkpoint, progress=progress)
     model.eval()
     return model

@@ -10,7 +10,7 @@ from torch import nn
 
 from engine.model.cache import KDAState, MLAState, SequenceCache
 from engine.model.config import KimiLinearConfig
-from engine.model.kda import KimiDeltaAttention
+from engine.model.kda import ChunkedKernel, KimiDeltaAttention
 from engine.model.linear import Linear
 from engine.model.mla import MultiheadLatentAttention
 from engine.model.mlp import MLP
@@ -22,13 +22,24 @@ class DecoderLayer(nn.Module):
     """Pre-norm block: h += attn(norm(h)); h += ffn(norm(h)). The FFN is called `mlp` (dense) or
     `block_sparse_moe` (MoE), as in the checkpoint."""
 
-    def __init__(self, cfg: KimiLinearConfig, index: int, *, dtype=None, device=None):
+    def __init__(
+        self,
+        cfg: KimiLinearConfig,
+        index: int,
+        *,
+        kda_chunked_kernel: ChunkedKernel | None = None,
+        dtype=None,
+        device=None,
+    ):
         super().__init__()
         kw = {"dtype": dtype, "device": device}
         self.is_mla = cfg.is_mla_layer(index)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
-        self.self_attn = MultiheadLatentAttention(cfg, **kw) if self.is_mla else KimiDeltaAttention(cfg, **kw)
+        if self.is_mla:
+            self.self_attn = MultiheadLatentAttention(cfg, **kw)
+        else:
+            self.self_attn = KimiDeltaAttention(cfg, chunked_kernel=kda_chunked_kernel, **kw)
         if cfg.is_moe_layer(index):
             self.block_sparse_moe = SparseMoE(cfg, **kw)
         else:
@@ -63,11 +74,19 @@ class DecoderLayer(nn.Module):
 
 
 class KimiLinearModel(nn.Module):
-    def __init__(self, cfg: KimiLinearConfig, *, dtype=None, device=None):
+    def __init__(
+        self,
+        cfg: KimiLinearConfig,
+        *,
+        kda_chunked_kernel: ChunkedKernel | None = None,
+        dtype=None,
+        device=None,
+    ):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
         self.layers = nn.ModuleList(
-            DecoderLayer(cfg, i, dtype=dtype, device=device) for i in range(cfg.num_hidden_layers)
+            DecoderLayer(cfg, i, kda_chunked_kernel=kda_chunked_kernel, dtype=dtype, device=device)
+            for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype, device=device)
 
@@ -79,12 +98,22 @@ class KimiLinearForCausalLM(nn.Module):
     - `prefill(token_ids, cache)`: append tokens to the cache; logits of the last position only.
     - `decode_step(token_ids, cache)`: one token per sequence; writes only into preallocated cache
       buffers, reads its position from the device, no host sync (CUDA-graph capturable).
+
+    `kda_chunked_kernel` is the KDA layers' prefill kernel (default `engine.model.kda.kda_chunked`); the
+    runtime builds the model through engine/runtime/builder.py, which chooses it.
     """
 
-    def __init__(self, cfg: KimiLinearConfig, *, dtype: torch.dtype = torch.float32, device=None):
+    def __init__(
+        self,
+        cfg: KimiLinearConfig,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+        kda_chunked_kernel: ChunkedKernel | None = None,
+    ):
         super().__init__()
         self.config = cfg
-        self.model = KimiLinearModel(cfg, dtype=dtype, device=device)
+        self.model = KimiLinearModel(cfg, kda_chunked_kernel=kda_chunked_kernel, dtype=dtype, device=device)
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype, device=device)
         self.requires_grad_(False)
 

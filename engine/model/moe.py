@@ -18,6 +18,7 @@ from torch import nn
 
 from engine.model.config import KimiLinearConfig
 from engine.model.mlp import MLP
+from engine.model.paths import takes_decode_path
 
 
 class Router(nn.Module):
@@ -66,11 +67,6 @@ def route_scores(
     return weights * scaling, expert_ids
 
 
-# Up to this many rows (tokens x sequences) take the decode paths: static shapes, no host reads, CUDA-graph
-# capturable (a packed bank's GEMV kernels too: engine/quant/packed.py). More rows take the prefill path.
-DECODE_MAX_ROWS = 16
-
-
 def expert_ffn(
     x: torch.Tensor,
     expert_ids: torch.Tensor,
@@ -85,7 +81,7 @@ def expert_ffn(
     Returns [N, hidden] in x's dtype, accumulated in FP32. This is the one function an alternative expert
     kernel replaces.
 
-    Up to `DECODE_MAX_ROWS` tokens (decode, one row or a continuous batch): N * k expert slots, each
+    Tokens that take the decode path (engine/model/paths.py draws the line) (decode, one row or a continuous batch): N * k expert slots, each
     slot one expert's matrix-vector products for one row (`_expert_ffn_gathered`). The shapes depend only
     on N and k, so the step is CUDA-graph capturable and compiles once per batch size; and Inductor turns
     each slot's matrix-vector product into one loop that reads the chosen expert's weights in place (a
@@ -95,7 +91,7 @@ def expert_ffn(
     at 4 rows on the CPU (and slower eagerly too). Many (prefill): sort assignments by expert and run
     one matmul per expert that has tokens (a host read of the counts).
     """
-    if expert_ids.shape[0] <= DECODE_MAX_ROWS:
+    if takes_decode_path(expert_ids.shape[0]):
         return _expert_ffn_gathered(x, expert_ids, expert_weights, w1, w3, w2)
     return grouped_expert_ffn(x, expert_ids, expert_weights, w1.shape[0], lambda e: (w1[e], w3[e], w2[e]))
 

@@ -8,9 +8,10 @@ whose last slot may be the shared expert). Both take the registry's selections a
 A variant that reads its own weight layout (``Variant.pack``, e.g. torch's CPU int4pack) gets its packed
 copy of the weights at `bind`; the artifact's codes stay too (other variants, `dense_weight`).
 
-Decode (at most `DECODE_MAX_ROWS` tokens) runs the kernels: static shapes, no host reads, CUDA-graph
-capturable. Prefill (more tokens) runs them too when the variant is a GEMM (``Variant.many_rows``: one call
-per projection, and per expert over the tokens routed to it); otherwise it dequantises: each projection's
+Decode (at most `DECODE_MAX_ROWS` rows, `engine.model.paths`) runs the kernels: static shapes, no host
+reads, CUDA-graph capturable. Prefill (more rows) runs them too when the variant is a GEMM
+(``Variant.many_rows``: one call per projection, and per expert over the tokens routed to it); otherwise it
+dequantises: each projection's
 weight to the activation dtype once per call followed by a matmul, and for experts one expert at a time
 over the tokens routed to it (a GEMV kernel re-reads its weight for every row, so it does not fit many).
 """
@@ -24,7 +25,8 @@ from torch import nn
 from engine.codec import LinearWeight, dequantize
 from engine.kernels.linear import GEMV_FOR_FORMAT
 from engine.kernels.registry import Selection, Variant
-from engine.model.moe import DECODE_MAX_ROWS, grouped_expert_ffn, grouped_expert_rows
+from engine.model.moe import grouped_expert_ffn, grouped_expert_rows
+from engine.model.paths import takes_decode_path
 
 GROUPED_OPS = ("w4a16_grouped_swiglu", "w4a16_grouped_gemv", "route_combine")
 
@@ -69,7 +71,7 @@ class PackedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
-        if rows.shape[0] > DECODE_MAX_ROWS and not self._many_rows:
+        if not takes_decode_path(rows.shape[0]) and not self._many_rows:
             y = F.linear(rows, self.dense_weight(x.dtype))
         else:
             y = self._gemv(rows, *self._weight_args)
@@ -156,7 +158,7 @@ class PackedExpertBank(nn.Module):
     ) -> torch.Tensor:
         ids, weights = self._route_table(expert_ids, expert_weights.float())
         x = x.contiguous()
-        if x.shape[0] > DECODE_MAX_ROWS:
+        if not takes_decode_path(x.shape[0]):
             if self._many_rows:
                 return grouped_expert_rows(x, ids, weights, self.slots, self._expert_rows)
             return grouped_expert_ffn(x, ids, weights, self.slots, lambda e: self._dense_expert(e, x.dtype))

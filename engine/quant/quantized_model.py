@@ -34,6 +34,7 @@ from engine.kernels import registry
 from engine.kernels.fused import fused_variants, use_fused_kernels
 from engine.model.checkpoint_spec import TensorSpec, checkpoint_tensors
 from engine.model.config import KimiLinearConfig
+from engine.model.kda import ChunkedKernel
 from engine.model.linear import Linear
 from engine.model.loading import parameter_for
 from engine.model.mla import MultiheadLatentAttention
@@ -115,16 +116,23 @@ def load_quantized_model(
     kernels: dict[str, str] | None = None,
     verify: bool = True,
     progress: ProgressFactory = no_progress,
+    kda_chunked_kernel: ChunkedKernel | None = None,
 ) -> KimiLinearForCausalLM:
     """The model from a `kimi-engine quantize` artifact, packed weights run by the registry's kernels.
 
     ``dtype`` is the activation (and kept-tensor) dtype. The artifact is verified first unless
-    ``verify=False`` (see `Artifact.open`).
+    ``verify=False`` (see `Artifact.open`). ``kda_chunked_kernel``: the KDA layers' prefill kernel.
     """
     selections = registry.resolve(device, kernels)  # first: an unavailable kernel fails before any reading
     artifact = Artifact.open(Path(artifact_dir), verify=verify, progress=progress)
     return _assemble(
-        _config(artifact), artifact, device=device, dtype=dtype, selections=selections, progress=progress
+        _config(artifact),
+        artifact,
+        device=device,
+        dtype=dtype,
+        selections=selections,
+        progress=progress,
+        kda_chunked_kernel=kda_chunked_kernel,
     )
 
 
@@ -176,12 +184,21 @@ def synthetic_quantized_model(
     seed: int,
     kernels: dict[str, str] | None = None,
     progress: ProgressFactory = no_progress,
+    kda_chunked_kernel: ChunkedKernel | None = None,
 ) -> KimiLinearForCausalLM:
     """A packed model of synthetic weights (`engine.synth`), generated and quantised on ``device`` one tensor
     (or expert bank) at a time: the dense model never exists, so the full 48B shapes fit a GPU."""
     selections = registry.resolve(device, kernels)
     source = PlannedWeights(cfg, plan, lambda spec: synthetic_tensor(spec, seed, device=device))
-    return _assemble(cfg, source, device=device, dtype=dtype, selections=selections, progress=progress)
+    return _assemble(
+        cfg,
+        source,
+        device=device,
+        dtype=dtype,
+        selections=selections,
+        progress=progress,
+        kda_chunked_kernel=kda_chunked_kernel,
+    )
 
 
 def quantized_meta_model(cfg: KimiLinearConfig, plan: Plan, *, dtype: torch.dtype) -> KimiLinearForCausalLM:
@@ -234,10 +251,11 @@ def _assemble(
     dtype: torch.dtype,
     selections: dict[str, registry.Selection],
     progress: ProgressFactory = no_progress,
+    kda_chunked_kernel: ChunkedKernel | None = None,
 ) -> KimiLinearForCausalLM:
     units = source.units()
     _check_coverage(cfg, units)
-    model = KimiLinearForCausalLM(cfg, dtype=dtype, device="meta")
+    model = KimiLinearForCausalLM(cfg, dtype=dtype, device="meta", kda_chunked_kernel=kda_chunked_kernel)
     kept: list[Unit] = []
     banks: dict[int, dict[str, LinearWeight]] = {}
     with progress("loading", len(units)) as bar:

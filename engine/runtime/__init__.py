@@ -1,7 +1,8 @@
 """The runtime around the model: memory plan and cap, sized caches, chunked prefill, CUDA-graph decode,
 prefix state cache, and the executor thread that interleaves requests. See docs/RUNTIME.md."""
 
-from engine.runtime.engine import LOAD_ERRORS, Engine, EngineBusy, Sequence, prepare_for_inference
+from engine.runtime.builder import BuiltModel, build_model, prepare_for_inference
+from engine.runtime.engine import LOAD_ERRORS, Engine, EngineBusy, Sequence
 from engine.runtime.loader import ModelSource, ModelSourceError, open_model_source
 from engine.runtime.memory import MemoryPlan, MemoryPlanError, plan_memory
 from engine.runtime.sampling import Sampler
@@ -9,6 +10,7 @@ from engine.runtime.scheduler import Failed, Finished, Handle, QueueFull, Reques
 
 __all__ = [
     "LOAD_ERRORS",
+    "BuiltModel",
     "Engine",
     "EngineBusy",
     "Failed",
@@ -25,6 +27,7 @@ __all__ = [
     "Sequence",
     "Started",
     "Token",
+    "build_model",
     "open_model_source",
     "plan_memory",
     "prepare_for_inference",

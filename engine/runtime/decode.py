@@ -16,7 +16,8 @@ import time
 import torch
 
 from engine.model import KimiLinearForCausalLM, SequenceCache
-from engine.model.moe import DECODE_MAX_ROWS, ExpertBank
+from engine.model.moe import ExpertBank
+from engine.model.paths import takes_decode_path
 from engine.quant.packed import PackedExpertBank
 from engine.runtime.compiled import CompiledStep
 
@@ -26,10 +27,10 @@ _WARMUP_STEPS = 2  # lazy initialisation (cuBLAS handles, workspace) must happen
 def graph_capturable(model: KimiLinearForCausalLM, batch: int) -> bool:
     """Whether a decode step of `batch` sequences has static shapes and no host reads (so it can be
     captured in a CUDA graph, or compiled in one graph), i.e. every expert bank takes a
-    sync-free path: up to `DECODE_MAX_ROWS` rows, a dense `ExpertBank` runs one expert slot per row and
+    sync-free path: on the decode side of `engine.model.paths`, a dense `ExpertBank` runs one expert slot per row and
     choice and a `PackedExpertBank` runs its kernels; beyond, both group by expert on the host."""
     has_banks = any(isinstance(m, ExpertBank | PackedExpertBank) for m in model.modules())
-    return batch <= DECODE_MAX_ROWS or not has_banks
+    return takes_decode_path(batch) or not has_banks
 
 
 class DecodeRunner:

@@ -14,7 +14,6 @@ token, from the prefill's logits) → `join` → `decode_batch` (one step for ev
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,17 +23,14 @@ import psutil
 import torch
 
 from common.memory_cap import MemoryCap
-from engine.kernels import ENV_VAR, KernelSelectionError, KernelUnavailable, env_selection, unused_env_entries
+from engine.kernels import KernelSelectionError, KernelUnavailable, env_selection
 from engine.model import CheckpointError, ConfigError, KimiLinearForCausalLM, SamplingParams, Tokenizer
 from engine.model.dtypes import default_dtype
-from engine.model.kda import KimiDeltaAttention
-from engine.model.mla import MultiheadLatentAttention
-from engine.model.mlp import MLP
 from engine.quant import ArtifactError, kernel_variants, use_kernels
 from engine.runtime.batch import DecodeBatch
+from engine.runtime.builder import build_model
 from engine.runtime.cache_pool import CachePool, Lease, required_lease
 from engine.runtime.compiled import check_step, default_step
-from engine.runtime.kda_kernels import select_kda_kernel, use_kda_kernel
 from engine.runtime.loader import ModelSource, ModelSourceError, open_model_source
 from engine.runtime.memory import (
     GIB,
@@ -59,7 +55,6 @@ LOAD_ERRORS = (
     KernelUnavailable,
     KernelSelectionError,
 )
-log = logging.getLogger("engine.runtime")
 
 FIRST_CACHE_EXTRA_TOKENS = 512  # a new sequence's first cache holds the prompt plus this much output
 DEFAULT_PREFILL_CHUNK = 2048
@@ -160,7 +155,8 @@ class Engine:
         prefix_cache_gib: float | None = None,
         progress: bool = False,
     ) -> Engine:
-        """Plan memory, refuse what cannot fit (MemoryPlanError), then materialise the weights under the cap.
+        """Plan memory, refuse what cannot fit (MemoryPlanError), then build the model under the cap
+        (engine/runtime/builder.py: weight format, kernels, KDA prefill kernel, inference form).
 
         `weights` is a checkpoint or an INT4 artifact directory (verified first unless `verify=False`);
         `synthetic` a preset, quantised in memory by the plan `quant` when given. `kernels` (op ->
@@ -171,7 +167,7 @@ class Engine:
         device's shipped default. Prefix snapshots get `prefix_cache_gib` (default 4 on a GPU, in host
         memory outside the cap; 1 on the CPU, inside it; 0 turns the prefix cache off).
         """
-        env_kernels = env_selection()  # a KIMI_KERNELS typo is refused before anything is read, dense or not
+        env_selection()  # a KIMI_KERNELS typo is refused before anything is read, dense or not
         source = open_model_source(weights=weights, synthetic=synthetic, seed=seed, quant=quant)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         step = check_step(step) if step is not None else default_step(device.type)
@@ -179,7 +175,6 @@ class Engine:
             device = torch.device("cuda", torch.cuda.current_device())
         dtype = dtype or default_dtype(device)
         on_gpu = device.type == "cuda"
-        kernel_name, kernel = select_kda_kernel(kda_kernel, device)
         if prefix_cache_gib is None:
             prefix_cache_gib = 4.0 if on_gpu else 1.0
         prefix_bytes = int(prefix_cache_gib * GIB)
@@ -205,29 +200,29 @@ class Engine:
         cap = MemoryCap(memory_cap_gib, device=str(device), poll_s=0.1)
         cap.__enter__()
         try:
-            model = source.load(device, dtype, kernels=kernels, verify=verify, progress=progress)
+            built = build_model(
+                source,
+                device=device,
+                dtype=dtype,
+                kernels=kernels,
+                kda_kernel=kda_kernel,
+                verify=verify,
+                progress=progress,
+            )
             tokenizer = source.tokenizer()
         except BaseException:
             cap.__exit__(None, None, None)
             raise
-        bound = kernel_variants(model)
-        if unused := unused_env_entries(bound, env_kernels):
-            log.warning(
-                "%s entries %s select nothing: %s", ENV_VAR, ", ".join(unused),
-                f"these weights call {', '.join(bound)}" if bound else "these weights are dense (no packed kernels)",
-            )  # fmt: skip
-        prepare_for_inference(model)
-        use_kda_kernel(model, kernel)
         prefix = PrefixCache(prefix_bytes, device="cpu" if on_gpu else device) if prefix_bytes > 0 else None
         return cls(
-            model,
+            built.model,
             tokenizer,
             source,
             plan,
             cap,
             cuda_graphs=cuda_graphs and on_gpu,
             step=step,
-            kda_kernel=kernel_name,
+            kda_kernel=built.kda_kernel,
             prefix_cache=prefix,
         )
 
@@ -455,13 +450,3 @@ class Engine:
         if self.device.type == "cuda":
             report["allocated_gib"] = gib(torch.cuda.memory_allocated(self.device))
         return report
-
-
-def prepare_for_inference(model: KimiLinearForCausalLM) -> None:
-    """Convert once at load what decode would otherwise convert per token (MLA's absorbed kv_b_proj), and
-    concatenate the projections that share an input into one GEMM each (KDA's six, an MLP's gate and up)."""
-    for module in model.modules():
-        if isinstance(module, MultiheadLatentAttention):
-            module.freeze_absorbed_weights()
-        if isinstance(module, (KimiDeltaAttention, MLP)):
-            module.fuse_input_projections()

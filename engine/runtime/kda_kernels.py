@@ -12,8 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.model import KimiLinearForCausalLM
-from engine.model.kda import KimiDeltaAttention, kda_chunked, l2_normalize
+from engine.model.kda import kda_chunked, l2_normalize
 
 KDA_KERNELS = ("auto", "torch", "fla")
 log = logging.getLogger(__name__)
@@ -81,9 +80,3 @@ def select_kda_kernel(choice: str, device: torch.device) -> tuple[str, Callable]
             "fla's chunk_kda failed its check on %s (%s); using the torch chunked form", device, problem
         )
     return "torch", kda_chunked
-
-
-def use_kda_kernel(model: KimiLinearForCausalLM, kernel: Callable) -> None:
-    for module in model.modules():
-        if isinstance(module, KimiDeltaAttention):
-            module.chunked_kernel = kernel

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from engine.model import Checkpoint, KimiLinearConfig, KimiLinearForCausalLM, Tokenizer, load_model
+from engine.model.kda import ChunkedKernel
 from engine.model.loading import SYNTHETIC_MARKER
 from engine.model.presets import PRESETS
 from engine.model.synthetic_tokenizer import synthetic_tokenizer
@@ -79,18 +80,28 @@ class ModelSource:
         kernels: dict[str, str] | None = None,
         verify: bool = True,
         progress: bool = False,
+        kda_chunked_kernel: ChunkedKernel | None = None,
     ) -> KimiLinearForCausalLM:
         """Materialise the weights. `kernels` (op -> variant) binds a packed model's kernels (the rest
-        follow KIMI_KERNELS, then the shipped defaults); `verify` re-hashes an artifact first."""
+        follow KIMI_KERNELS, then the shipped defaults); `verify` re-hashes an artifact first;
+        `kda_chunked_kernel` is the KDA layers' prefill kernel (default `kda_chunked`). The runtime calls
+        this through `engine.runtime.builder.build_model`."""
         if kernels and self.plan is None:
             raise ModelSourceError("kernel selections apply to quantised weights (an artifact or --quant)")
         bars = stderr_progress if progress else no_progress
+        kda = {"kda_chunked_kernel": kda_chunked_kernel}
         if self.artifact is not None:
             return load_quantized_model(
-                self.artifact, device=device, dtype=dtype, kernels=kernels, verify=verify, progress=bars
+                self.artifact,
+                device=device,
+                dtype=dtype,
+                kernels=kernels,
+                verify=verify,
+                progress=bars,
+                **kda,
             )
         if self.checkpoint is not None:
-            return load_model(self.checkpoint.path, device=device, dtype=dtype, progress=progress)
+            return load_model(self.checkpoint.path, device=device, dtype=dtype, progress=progress, **kda)
         if self.plan is not None:
             return synthetic_quantized_model(
                 self.config,
@@ -100,8 +111,9 @@ class ModelSource:
                 seed=self.seed,
                 kernels=kernels,
                 progress=bars,
+                **kda,
             )
-        model = self.meta_model(dtype).to_empty(device=device)
+        model = KimiLinearForCausalLM(self.config, dtype=dtype, device="meta", **kda).to_empty(device=device)
         init_synthetic_weights(model, self.seed)
         return model.eval()
 

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
+from engine.kernel_tools.aot import _weight_load_bits, loop_facts, parse_targets
 from engine.kernels import registry
-from engine.kernels.aot import _weight_load_bits, loop_facts, parse_targets
 
 REPO = Path(__file__).resolve().parents[2]
 # Compiles in a child: the test process may have TRITON_INTERPRET set (then nothing compiles).
 COMPILE = """
 import json
-from engine.kernels import aot
+from engine.kernel_tools import aot
 from engine.model import preset
 print(json.dumps([{"kernel": r.kernel, "constexprs": r.constexprs, "used_by": r.used_by, "defects": r.defects,
                    "spills": r.spills, "weight_load_bits": r.weight_load_bits,

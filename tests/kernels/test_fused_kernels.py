@@ -14,14 +14,14 @@ import torch
 
 import engine.kernels  # noqa: F401  (registers the variants)
 from engine.kernels import registry
-from engine.kernels.equivalence import check
+from engine.kernel_tools.equivalence import check
 from engine.kernels.fused import FUSED_OPS, fused_variants
 from engine.kernels.triton_kda import kda_decode_triton
 from engine.kernels.triton_norm import rms_norm_reference, rms_norm_triton
 from engine.kernels.triton_router import route_topk_reference, route_topk_triton
 from engine.model.presets import TINY
 from engine.quant import make_plan, synthetic_quantized_model
-from engine.quant.kernel_count import _AtenKernels, count_decode_kernels
+from engine.kernel_tools.kernel_count import _AtenKernels, count_decode_kernels
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

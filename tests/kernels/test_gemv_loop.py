@@ -6,10 +6,10 @@ import torch
 import triton
 
 import engine.kernels  # noqa: F401
+from engine.kernel_tools.aot import SM_COUNTS
+from engine.kernel_tools.equivalence import check
+from engine.kernel_tools.shapes import kimi_shapes
 from engine.kernels import registry, triton_gemv, workspace
-from engine.kernels.aot import SM_COUNTS
-from engine.kernels.equivalence import check
-from engine.kernels.shapes import kimi_shapes
 from engine.model import preset
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

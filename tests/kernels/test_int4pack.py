@@ -5,8 +5,8 @@ import torch
 
 import engine.kernels  # noqa: F401
 from engine.codec import LinearWeight, dequantize
+from engine.kernel_tools.cases import CASES
 from engine.kernels import int4pack, registry
-from engine.kernels.cases import CASES
 
 
 @pytest.mark.parametrize("n,k,group", [(48, 128, 32), (20, 96, 32), (16, 256, 64)])

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import engine.kernels  # noqa: F401  (registers the variants)
+from engine.kernel_tools.cases import CASES
+from engine.kernel_tools.shapes import EDGE_SHAPES
 from engine.kernels import registry, triton_gemv
-from engine.kernels.cases import CASES
-from engine.kernels.shapes import EDGE_SHAPES
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TRITON_VARIANTS = [

@@ -7,11 +7,11 @@ import torch
 
 import engine.kernels  # noqa: F401
 from engine.codec import LinearWeight, quantize
+from engine.kernel_tools.cases import CASES
+from engine.kernel_tools.equivalence import TOLERANCES, assert_equivalent, check, check_all
+from engine.kernel_tools.shapes import EDGE_SHAPES
 from engine.kernels import registry, triton_gemv, workspace
-from engine.kernels.cases import CASES
-from engine.kernels.equivalence import TOLERANCES, assert_equivalent, check, check_all
 from engine.kernels.linear import linear
-from engine.kernels.shapes import EDGE_SHAPES
 from engine.kernels.triton_gemv import LaunchConfig
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -3,9 +3,9 @@
 import pytest
 
 import engine.kernels  # noqa: F401
+from engine.kernel_tools.equivalence import check
+from engine.kernel_tools.shapes import kimi_shapes
 from engine.kernels import registry
-from engine.kernels.equivalence import check
-from engine.kernels.shapes import kimi_shapes
 from engine.model import preset
 
 FULL = [

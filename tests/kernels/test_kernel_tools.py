@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.kernels.shapes import EDGE_SHAPES, kimi_shapes
-from engine.kernels.traffic import op_bytes, weight_bytes
+from engine.kernel_tools.shapes import EDGE_SHAPES, kimi_shapes
+from engine.kernel_tools.traffic import op_bytes, weight_bytes
 from engine.model import preset
 from runners import gpu_check
 

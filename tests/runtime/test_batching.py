@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.model import SamplingParams, generate
-from engine.model.moe import DECODE_MAX_ROWS, expert_ffn
+from engine.model.moe import expert_ffn
+from engine.model.paths import DECODE_MAX_ROWS
 from engine.runtime import Engine, Failed, Finished, Request, Scheduler, Started, Token
 from engine.runtime.batch import bucket_for
 from tests.runtime.runtime_support import random_prompt

@@ -8,7 +8,7 @@ import torch
 
 import engine.runtime.engine as engine_module
 from engine.model import KimiLinearForCausalLM, SamplingParams, generate
-from engine.model.moe import DECODE_MAX_ROWS
+from engine.model.paths import DECODE_MAX_ROWS
 from engine.model.presets import FULL, TINY
 from engine.quant import make_plan, quantized_meta_model
 from engine.runtime import Engine, Sampler

@@ -4,7 +4,7 @@ No GPU and no weights: the packed model is built on ``meta`` at its stored shape
 shipped defaults (the Triton variants: GEMVs, and the fused RMSNorm, KDA step and router of
 engine/kernels/fused.py), and one ``decode_tensors`` step is run under a dispatch mode that
 counts the aten operations that launch a kernel (views and allocations do not) while Triton's launches are
-intercepted and counted by kernel (engine/kernels/aot.py's capture; split-K reductions are part of the
+intercepted and counted by kernel (engine/kernel_tools/aot.py's capture; split-K reductions are part of the
 GEMV kernel, so they need no extra launch). An aten op is counted as one kernel, as it would launch on a
 GPU in eager mode; Inductor or CUDA graphs fuse or batch some of them, so this is the eager upper bound
 the fusion work is measured against.
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from engine.kernel_tools.aot import SM_COUNTS, _intercepted
 from engine.kernels import registry
-from engine.kernels.aot import SM_COUNTS, _intercepted
 from engine.kernels.defaults import SHIPPED_DEFAULTS
 from engine.kernels.fused import use_fused_kernels
 from engine.kernels.triton_gemv import direct_launches
@@ -72,7 +72,7 @@ def count_decode_kernels(cfg: KimiLinearConfig, plan: Plan, *, batch: int = 1, c
                          dtype: torch.dtype = torch.bfloat16, sm_count: int = SM_COUNTS[90]) -> KernelCount:  # fmt: skip
     """Kernels one decode step of ``cfg`` quantised with ``plan`` launches at ``batch`` on a GPU with
     ``sm_count`` SMs (the split-K choice depends on it), after ``context`` tokens."""
-    from engine.runtime.engine import prepare_for_inference  # engine.runtime imports engine.quant
+    from engine.runtime.builder import prepare_for_inference  # engine.runtime imports engine.quant
 
     model = quantized_meta_model(cfg, plan, dtype=dtype)
     prepare_for_inference(model)  # as the engine does at load: shared-input projections as one GEMM

@@ -31,9 +31,9 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
+from engine.kernel_tools.cases import CASES
+from engine.kernel_tools.shapes import kimi_shapes
 from engine.kernels import registry, triton_gemv
-from engine.kernels.cases import CASES
-from engine.kernels.shapes import kimi_shapes
 from engine.kernels.triton_gemv import direct_launches
 
 _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"

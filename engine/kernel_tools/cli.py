@@ -66,7 +66,7 @@ def kernels(device: str, targets: str | None) -> None:
 
 
 def _compile(targets: str) -> None:
-    from engine.kernels import aot
+    from engine.kernel_tools import aot
     from engine.model import preset
 
     try:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.kernel_tools.cases import CASES
 from engine.kernels import registry
-from engine.kernels.cases import CASES
 from engine.kernels.workspace import poisoned_scratch
 
 
