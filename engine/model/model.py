@@ -36,6 +36,7 @@ class DecoderLayer(nn.Module):
         self.is_mla = cfg.is_mla_layer(index)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, **kw)
+        self.self_attn: MultiheadLatentAttention | KimiDeltaAttention
         if self.is_mla:
             self.self_attn = MultiheadLatentAttention(cfg, **kw)
         else:
@@ -66,7 +67,8 @@ class DecoderLayer(nn.Module):
             x, normed = self.input_layernorm.add_forward(x, residual)
         if self.is_mla:
             # is_mla: the attention is MultiheadLatentAttention and the state its MLAState
-            attn = self.self_attn.decode(normed, state, cache.position, cache.slots)  # type: ignore[operator, arg-type]
+            mla, mla_state = cast(MultiheadLatentAttention, self.self_attn), cast(MLAState, state)
+            attn = mla.decode(normed, mla_state, cache.position, cache.slots)
         else:
             attn = self.self_attn(normed, state)
         x, normed = self.post_attention_layernorm.add_forward(x, attn)  # one fused launch on a GPU
