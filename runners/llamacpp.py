@@ -240,8 +240,13 @@ def _engine_notes(kind: str, variants: dict[str, str]) -> str:
             "; every kernel bound is the reference (dequantise, then a plain PyTorch matmul), not an "
             "optimised INT4 path"
         )
-    elif "int4pack" in variants.values():
-        notes += "; INT4 matmuls through torch's own CPU int4pack kernels (BF16 activations)"
+    else:
+        backends = {
+            "int4pack": "torch's own CPU int4pack kernels",
+            "cpp": "our C++ CPU kernels (engine/kernels/cpp_cpu.py)",
+        }
+        if used := [text for name, text in backends.items() if name in variants.values()]:
+            notes += f"; INT4 matmuls through {' and '.join(used)} (BF16 activations)"
     return notes
 
 

@@ -13,15 +13,15 @@ import pytest
 import torch
 
 import engine.kernels  # noqa: F401  (registers the variants)
-from engine.kernels import registry
 from engine.kernel_tools.equivalence import check
+from engine.kernel_tools.kernel_count import _AtenKernels, count_decode_kernels
+from engine.kernels import registry
 from engine.kernels.fused import FUSED_OPS, fused_variants
 from engine.kernels.triton_kda import kda_decode_triton
 from engine.kernels.triton_norm import rms_norm_reference, rms_norm_triton
 from engine.kernels.triton_router import route_topk_reference, route_topk_triton
 from engine.model.presets import TINY
 from engine.quant import make_plan, synthetic_quantized_model
-from engine.kernel_tools.kernel_count import _AtenKernels, count_decode_kernels
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -113,7 +113,7 @@ def test_a_prepared_model_decodes_alike_with_the_fused_kernels():
     """As the engine loads it (shared-input projections as one GEMM, so the KDA step reads strided rows):
     the CUDA defaults (interpreted here) against the references, FP32, 1e-4 x max|logit| per step."""
     from engine.kernels.defaults import SHIPPED_DEFAULTS
-    from engine.runtime.engine import prepare_for_inference
+    from engine.runtime.builder import prepare_for_inference
 
     two_layers = dataclasses.replace(TINY, num_hidden_layers=2, full_attn_layers=(1,))
     models = []

@@ -30,7 +30,8 @@ def test_cpu_run_times_every_variant_and_marks_the_interpreter_not_comparable(tm
     assert copy["derived"]["copy_bandwidth_gbs"] > 0 and copy["units"]["copy_gbs"] == "GB/s"
     variants = {(r["config"]["op"], r["config"]["variant"]) for r in receipts.values()}
     assert variants == {("route_combine", "reference"), ("route_combine", "triton"),
-                        ("w16a16_gemv", "reference"), ("w16a16_gemv", "triton"), ("w16a16_gemv", "native")}  # fmt: skip
+                        ("w16a16_gemv", "reference"), ("w16a16_gemv", "triton"), ("w16a16_gemv", "native"),
+                        ("w16a16_gemv", "cpp")}  # fmt: skip
     for r in receipts.values():
         cfg, derived = r["config"], r["derived"]
         interpreted = cfg["variant"] == "triton"
@@ -44,6 +45,7 @@ def test_cpu_run_times_every_variant_and_marks_the_interpreter_not_comparable(tm
         assert cfg["shape"]["B"] == 1 and cfg["preset"] == "tiny"
     bars = figures.build_all(tmp_path)["kernel_bandwidth"]["bars"]  # the interpreted runs are left out
     assert sorted(b["label"] for b in bars) == ["route_combine.reference experts_combine_B1",
+                                                "w16a16_gemv.cpp lm_head_B1",
                                                 "w16a16_gemv.native lm_head_B1",
                                                 "w16a16_gemv.reference lm_head_B1"]  # fmt: skip
 

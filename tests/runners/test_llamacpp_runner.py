@@ -101,8 +101,9 @@ def test_head_to_head_on_tiny_writes_engine_and_llama_receipts_and_stops_the_ser
     dense, int4 = receipts[engines["f16"]], receipts[engines["q4_0"]]
     assert dense["config"]["kernel_variants"] == {} and dense["config"]["quant"] is None
     assert int4["config"]["quant"]["name"] == "default" and int4["config"]["quant"]["group_size"] == 32
-    assert int4["config"]["kernel_variants"]["w4a16_grouped_swiglu"] == "int4pack"  # the CPU default
-    assert "int4pack kernels" in int4["notes"]
+    assert int4["config"]["kernel_variants"]["w4a16_grouped_swiglu"] == "cpp"  # the CPU defaults
+    assert int4["config"]["kernel_variants"]["w4a16_gemv"] == "int4pack"
+    assert "int4pack kernels" in int4["notes"] and "C++ CPU kernels" in int4["notes"]
     for engine in (dense, int4):
         assert len(engine["samples"]["decode_ms"]) == 4 and "synthetic weights" in engine["notes"]
         assert "engine.runtime.Engine" in engine["config"]["engine"]
