@@ -14,10 +14,13 @@ there. Without a C++ compiler the variants are unavailable, with the build's err
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import os
 import platform
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -56,20 +59,38 @@ def _load() -> str | None:
     directory = build_dir()
     directory.mkdir(parents=True, exist_ok=True)
     try:
-        cpp_extension.load_inline(
-            NAME,
-            cpp_sources=[SOURCE.read_text()],
-            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(directory),
-            is_python_module=False,
-        )
+        with _build_lock(directory):
+            cpp_extension.load_inline(
+                NAME,
+                cpp_sources=[SOURCE.read_text()],
+                extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffp-contract=fast"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(directory),
+                is_python_module=False,
+            )
     except (RuntimeError, OSError, ImportError) as error:  # no compiler, no ninja, a failed build
         return f"building {SOURCE.name} failed: {str(error).strip().splitlines()[-1]}"
     _register_fakes()
     global _ready
     _ready = True
     return None
+
+
+@contextlib.contextmanager
+def _build_lock(directory: Path) -> Iterator[None]:
+    """One builder at a time, by an OS lock that dies with its process.
+
+    torch's own lock is a file that a build killed part-way (Ctrl-C, an OOM kill) leaves behind, and
+    every later process then waits on it forever. Holding this lock, no other process can be building,
+    so a torch lock file found here is such a leftover and is removed.
+    """
+    with open(directory / "build.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (directory / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def unavailable() -> str | None:

@@ -41,7 +41,9 @@ def test_a_failed_build_makes_the_variants_unavailable(monkeypatch):
 def test_without_a_build_the_shipped_defaults_give_way_to_torch_kernels_with_a_warning(monkeypatch):
     monkeypatch.setattr(registry, "_cpp_unavailable", lambda: "building cpp_cpu.cpp failed: no compiler")
     monkeypatch.delenv(registry.ENV_VAR, raising=False)
-    with pytest.warns(RuntimeWarning, match="w4a16_grouped_gemv: the shipped default cpp cannot run.*no compiler.*int4pack"):
+    with pytest.warns(
+        RuntimeWarning, match="w4a16_grouped_gemv: the shipped default cpp cannot run.*no compiler.*int4pack"
+    ):
         chosen = registry.select("w4a16_grouped_gemv", device="cpu")
     assert (chosen.variant.name, chosen.source) == ("int4pack", "shipped fallback")
     assert registry.select("w16a16_gemv", device="cpu").variant.name == "native"
@@ -59,3 +61,29 @@ def test_the_ops_trace_in_one_graph():
 
     compiled = torch.compile(experts, fullgraph=True, dynamic=False)
     torch.testing.assert_close(compiled(x, ids), experts(x, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_a_lock_left_by_a_killed_build_is_removed_and_a_live_builder_is_waited_for(tmp_path):
+    """torch's build lock is a plain file: a build killed part-way leaves it, and torch alone would wait on
+    it forever. Under our OS lock no other process is building, so the file is a leftover; a builder that
+    still holds our lock is waited for instead."""
+    import fcntl
+    import threading
+
+    (tmp_path / "lock").touch()
+    with cpp_cpu._build_lock(tmp_path):
+        assert not (tmp_path / "lock").exists()
+        (tmp_path / "lock").touch()  # what torch writes while it builds
+        entered = threading.Event()
+
+        def second_process() -> None:
+            with cpp_cpu._build_lock(tmp_path):
+                entered.set()
+
+        waiting = threading.Thread(target=second_process)
+        waiting.start()  # flock conflicts between open files even within one process
+        assert not entered.wait(0.5) and (tmp_path / "lock").exists()
+    waiting.join(10)
+    assert entered.is_set()
+    with open(tmp_path / "build.flock") as handle:  # released: another taker gets it at once
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
