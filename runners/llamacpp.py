@@ -230,7 +230,10 @@ def _engine_label(kind: str, dtype: str) -> str:
 
 def _engine_notes(kind: str, variants: dict[str, str]) -> str:
     if kind == "dense":
-        return "synthetic weights; dense checkpoint"
+        gemv = variants.get("w16a16_gemv")
+        return "synthetic weights; dense checkpoint" + (
+            f"; decode GEMVs through w16a16_gemv {gemv}" if gemv else ""
+        )
     notes = (
         f"synthetic weights; INT4 artifact (plan {INT4.name}, group {INT4.group_size}) of the same checkpoint, "
         "packed weights through the kernel registry"

@@ -8,6 +8,7 @@ import torch
 
 from engine.codec import LinearWeight
 from engine.kernels import registry
+from engine.model import KimiLinearForCausalLM, Linear
 
 GEMV_FOR_FORMAT = {"int4": "w4a16_gemv", "int8": "w8a16_gemv", "dense": "w16a16_gemv"}
 
@@ -25,3 +26,24 @@ def linear(
 ) -> torch.Tensor:
     """``x[B, K] @ weight^T`` with the selected GEMV for the weight's format (resolved on every call)."""
     return linear_fn(weight.format, x.device, variant)(x, weight, out_dtype=out_dtype)
+
+
+def bind_dense_decode_gemvs(
+    model: KimiLinearForCausalLM, kernels: dict[str, str] | None = None
+) -> str | None:
+    """On the CPU, bind the selected `w16a16_gemv` (`kernels`, else KIMI_KERNELS, else the shipped default)
+    to every plain BF16/FP16 `Linear` for its decode rows, unless it is torch's own matmul ("native");
+    -> the variant bound, or None (another device, FP32 weights, or native)."""
+    device = model.device
+    if device.type != "cpu":
+        return None
+    selection = registry.select("w16a16_gemv", (kernels or {}).get("w16a16_gemv"), device)
+    bound = None
+    for module in model.modules():
+        if type(module) is Linear and module.weight.dtype in (torch.bfloat16, torch.float16):
+            if selection.variant.name == "native":
+                module.bind_decode_gemv(None, None)
+            else:
+                module.bind_decode_gemv(selection.variant.name, selection.variant.fn)
+                bound = selection.variant.name
+    return bound

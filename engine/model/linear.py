@@ -4,13 +4,31 @@ Every matrix multiply by a checkpoint weight in the model is a `Linear` (routed 
 `engine.model.moe.expert_ffn` instead). To run a projection from another weight format (e.g. packed INT4),
 replace the module with any `nn.Module` that implements the same two methods: `forward(x)` and
 `dense_weight()`.
+
+A plain `Linear` may also have a decode GEMV bound (`bind_decode_gemv`): the rows of a decode step then go
+through it instead of torch's matmul, reading the weight as it is (the runtime binds the registry's
+`w16a16_gemv` where that beats torch's own; engine/runtime/builder.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from engine.model.paths import takes_decode_path
+
+DecodeGemv = Callable[..., torch.Tensor]  # fn(x [B, K], weight [N, K]) -> [B, N] in x's dtype
+
+
+def _project(x: torch.Tensor, weight: torch.Tensor, decode_gemv: DecodeGemv | None) -> torch.Tensor:
+    """x @ weight^T: through `decode_gemv` for a decode step's few rows when one is bound, else torch."""
+    rows = x.reshape(-1, x.shape[-1])
+    if decode_gemv is None or not takes_decode_path(rows.shape[0]):
+        return F.linear(x, weight)
+    return decode_gemv(rows, weight).view(*x.shape[:-1], weight.shape[0])
 
 
 class Linear(nn.Module):
@@ -21,9 +39,15 @@ class Linear(nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         self.weight = nn.Parameter(torch.empty(out_features, in_features, dtype=dtype, device=device))
+        self.decode_gemv: DecodeGemv | None = None
+        self.decode_variant: str | None = None  # the bound GEMV's registry variant name, for receipts
+
+    def bind_decode_gemv(self, variant: str | None, fn: DecodeGemv | None) -> None:
+        """Run decode rows through `fn` (the registry's `variant`) from now on; None: torch's matmul."""
+        self.decode_variant, self.decode_gemv = variant, fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return _project(x, self.weight, self.decode_gemv)
 
     def dense_weight(self) -> torch.Tensor:
         """The weight as a dense [out, in] matrix, for code that needs the matrix itself (MLA absorption)."""
@@ -37,7 +61,8 @@ class SharedInputLinears:
     """Plain `Linear`s that read the same input, run as one GEMM over their concatenated weights: at decode
     a GEMV call costs more than its arithmetic, so one call instead of several pays. Each Linear's weight
     is rebound to its rows of the one matrix (views: no second copy). Modules that are not a plain
-    `Linear` (a packed INT4 projection) keep their own call. The weights must not change after."""
+    `Linear` (a packed INT4 projection) keep their own call. The fused GEMM takes the decode GEMV bound to
+    the first fused `Linear` at call time. The weights must not change after."""
 
     def __init__(self, owner: nn.Module, names: tuple[str, ...]):
         self.names = names
@@ -59,5 +84,6 @@ class SharedInputLinears:
         """name -> that projection of x, for every name given at construction."""
         out = {}
         if self.weight is not None:  # set exactly when there is a fused group
-            out = dict(zip(self.fused, F.linear(x, self.weight).split(self.sizes, -1), strict=True))
+            gemv = getattr(owner, self.fused[0]).decode_gemv
+            out = dict(zip(self.fused, _project(x, self.weight, gemv).split(self.sizes, -1), strict=True))
         return {n: out[n] if n in out else getattr(owner, n)(x) for n in self.names}

@@ -32,6 +32,7 @@ import torch
 from engine.codec import LinearWeight, dequantize
 from engine.kernels import registry
 from engine.kernels.fused import fused_variants, use_fused_kernels
+from engine.kernels.linear import bind_dense_decode_gemvs
 from engine.model.checkpoint_spec import TensorSpec, checkpoint_tensors
 from engine.model.config import KimiLinearConfig
 from engine.model.kda import ChunkedKernel
@@ -217,17 +218,22 @@ def use_kernels(model: KimiLinearForCausalLM, kernels: dict[str, str] | None = N
         if isinstance(module, PackedLinear | PackedExpertBank):
             module.bind(selections)
     use_fused_kernels(model, selections)
+    bind_dense_decode_gemvs(model, kernels)
     return kernel_variants(model)
 
 
 def kernel_variants(model: KimiLinearForCausalLM) -> dict[str, str]:
-    """The variant bound for each kernel operation the model calls (empty for a dense model)."""
+    """The variant bound for each kernel operation the model calls (for a dense model: the decode GEMV of
+    its Linears where one is bound, else empty)."""
     found: dict[str, str] = {}
     for module in model.modules():
         if isinstance(module, PackedLinear | PackedExpertBank):
             found.update({op: selection.variant.name for op, selection in module.kernels.items()})
     if found:  # a packed model: the fused decode kernels were bound with the same selections
         found.update(fused_variants(model))
+    for module in model.modules():  # plain Linears with a decode GEMV (engine.kernels.linear)
+        if isinstance(module, Linear) and module.decode_variant:
+            found["w16a16_gemv"] = module.decode_variant
     return dict(sorted(found.items()))
 
 

@@ -14,7 +14,10 @@ Everything below is decided while the model is built; nothing reshapes or re-bin
    into a plain `Linear`; norms, router, embedding and KDA controls as stored.
 2. Packed kernels: every packed module takes its functions at construction from
    `engine.kernels.resolve(device, kernels)`: `kernels` (op -> variant), else `KIMI_KERNELS`, else the
-   device's shipped default (engine/kernels/defaults.py). A dense model calls none of them.
+   device's shipped default (engine/kernels/defaults.py). A dense model calls none of them, except on the
+   CPU: its BF16/FP16 `Linear`s run decode rows through the selected `w16a16_gemv` when that is not
+   torch's own (`bind_dense_decode_gemvs`; oneDNN's BF16 GEMV reads a cold weight at a fraction of the
+   C++ kernel's rate).
 3. KDA prefill kernel: `kda_kernel` ("auto", "torch", "fla"; engine/runtime/kda_kernels.py) picks the
    chunked kernel every KDA layer is constructed with: torch's `kda_chunked`, or fla's `chunk_kda` on a
    GPU once it matched `kda_chunked` on random inputs. One new token per sequence runs the recurrent step.
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.kernels import ENV_VAR, unused_env_entries
+from engine.kernels.linear import bind_dense_decode_gemvs
 from engine.model import KimiLinearForCausalLM
 from engine.model.kda import KimiDeltaAttention
 from engine.model.mla import MultiheadLatentAttention
@@ -70,13 +74,14 @@ def build_model(
     model = source.load(
         device, dtype, kernels=kernels, verify=verify, progress=progress, kda_chunked_kernel=chunked_kernel
     )
+    prepare_for_inference(model)
+    bind_dense_decode_gemvs(model, kernels)
     variants = kernel_variants(model)
     if unused := unused_env_entries(variants):
         log.warning(
             "%s entries %s select nothing: %s", ENV_VAR, ", ".join(unused),
             f"these weights call {', '.join(variants)}" if variants else "these weights are dense (no packed kernels)",
         )  # fmt: skip
-    prepare_for_inference(model)
     return BuiltModel(model, kda_name, variants)
 
 

@@ -1,0 +1,78 @@
+"""BF16 `Linear`s on the CPU decode through the registry's `w16a16_gemv` (engine.kernels.linear): the
+decode rows, and only they, take the bound GEMV, the fused input projections included; the logits stay
+those of torch's matmul within BF16 rounding; FP32 weights and the "native" selection keep torch's matmul."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from engine.kernels import cpp_cpu
+from engine.kernels.linear import bind_dense_decode_gemvs
+from engine.model import Linear
+from engine.model.kda import KimiDeltaAttention
+from engine.model.paths import DECODE_MAX_ROWS
+from engine.model.presets import TINY
+from engine.quant import kernel_variants
+from engine.runtime import prepare_for_inference
+from tests.engine.test_shared_input_linears import prefill_and_decode, synthetic_tiny
+
+BF16_LOGITS_RTOL = 2e-2  # of the largest logit: a BF16 rounding (2^-8) per projection, a few layers deep
+
+
+def _spy_on_decode_gemv(model) -> list[tuple[int, int]]:
+    """Bind to every plain Linear a GEMV that records (rows, output width) and computes in FP32."""
+    rows: list[tuple[int, int]] = []
+
+    def gemv(x, weight):
+        rows.append((x.shape[0], weight.shape[0]))
+        return (x.float() @ weight.float().T).to(x.dtype)
+
+    for module in model.modules():
+        if type(module) is Linear:
+            module.bind_decode_gemv("spy", gemv)
+    return rows
+
+
+def test_only_decode_rows_take_the_bound_gemv_fused_projections_included(rng):
+    model = synthetic_tiny(torch.bfloat16, seed=int(torch.randint(1 << 30, (1,), generator=rng)))
+    prepare_for_inference(model)
+    rows = _spy_on_decode_gemv(model)
+    prompt = torch.randint(0, 200, (1, 3 * DECODE_MAX_ROWS), generator=rng)
+    cache = model.new_cache(prompt.shape[1] + 2)
+    model.prefill(prompt, cache)
+    # Prefill: only the LM head's last row (one row) may reach it; every projection of the prompt's rows not.
+    assert rows == [(1, TINY.vocab_size)]
+    rows.clear()
+    model.decode_step(torch.tensor([5]), cache)
+    assert rows and all(r == 1 for r, _ in rows)
+    # The six KDA input projections of each layer: one call of their concatenated width, none separately.
+    kda = [m for m in model.modules() if isinstance(m, KimiDeltaAttention)]
+    fused_width = sum(getattr(kda[0], name).out_features for name in kda[0]._input_projections.fused)
+    assert [w for _, w in rows].count(fused_width) == len(kda)
+
+
+@pytest.mark.skipif(cpp_cpu.unavailable() is not None, reason=str(cpp_cpu.unavailable()))
+def test_the_cpp_gemv_keeps_torchs_logits_within_bf16_rounding(rng):
+    model = synthetic_tiny(torch.bfloat16, seed=int(torch.randint(1 << 30, (1,), generator=rng)))
+    prepare_for_inference(model)
+    bound = copy.deepcopy(model)
+    assert bind_dense_decode_gemvs(bound, {"w16a16_gemv": "cpp"}) == "cpp"
+    assert kernel_variants(bound) == {"w16a16_gemv": "cpp"} and kernel_variants(model) == {}
+    prompt = torch.randint(0, 200, (2, 9), generator=rng)
+    expected, actual = prefill_and_decode(model, prompt, 4), prefill_and_decode(bound, prompt, 4)
+    assert torch.isfinite(actual).all()
+    error = ((actual - expected).abs().max() / expected.abs().max()).item()
+    assert error <= BF16_LOGITS_RTOL, error
+
+
+def test_fp32_weights_and_the_native_selection_keep_torchs_matmul(rng):
+    fp32 = synthetic_tiny(torch.float32, seed=1)
+    assert bind_dense_decode_gemvs(fp32, {"w16a16_gemv": "native"}) is None
+    assert kernel_variants(fp32) == {}
+    bf16 = synthetic_tiny(torch.bfloat16, seed=1)
+    _spy_on_decode_gemv(bf16)
+    assert bind_dense_decode_gemvs(bf16, {"w16a16_gemv": "native"}) is None
+    assert all(m.decode_gemv is None for m in bf16.modules() if type(m) is Linear)
