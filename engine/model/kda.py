@@ -214,8 +214,9 @@ def kda_decode_step(
 
 
 def _low_rank(projection: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(x, the weight) for a plain `Linear` the decode step applies itself, else (projection(x), None)."""
-    if type(projection) is Linear:
+    """(x, the weight) for a plain `Linear` the decode step applies itself, else (projection(x), None).
+    A `Linear` with a decode GEMV bound (the CPU's) runs it here: faster than the step's own matmul."""
+    if type(projection) is Linear and projection.decode_gemv is None:
         return x, projection.weight
     return projection(x), None
 

@@ -97,7 +97,14 @@ class CompiledStep:
         self.compilations = 0
         self.compile_s: float | None = None  # wall time of the first call (trace + compile + run)
         fresh = types.FunctionType(_decode.__code__.replace(), _decode.__globals__, "decode_step")
-        self._fn = torch.compile(fresh, backend=self._inductor, fullgraph=True, dynamic=False)
+        # No guards on the model's modules: the model is fixed once built (engine/runtime/builder.py), and
+        # `Engine.use_kernels`, the one re-bind, drops every CompiledStep. Checking its thousands of module
+        # attributes and parameters before each token cost most of a millisecond on the CPU; the guards on
+        # the step's inputs (tokens, the cache's tensors) stay.
+        self._fn = torch.compile(
+            fresh, backend=self._inductor, fullgraph=True, dynamic=False,
+            options={"guard_filter_fn": torch.compiler.skip_guard_on_all_nn_modules_unsafe},
+        )  # fmt: skip
 
     def _inductor(self, graph: torch.fx.GraphModule, example_inputs: list) -> object:
         from torch._inductor.compile_fx import compile_fx
