@@ -204,9 +204,13 @@ def micro_gate_command(floor_pct, noise_factor, alpha, runs, max_time, results, 
     for attempt in range(1, confirm + 1):
         if not suspects:
             break
-        click.echo(f"confirming {', '.join(suspects)} ({attempt}/{confirm}) after a {confirm_pause:g} s pause")
+        click.echo(
+            f"confirming {', '.join(suspects)} ({attempt}/{confirm}) after a {confirm_pause:g} s pause"
+        )
         time.sleep(confirm_pause)
-        again = {v.name: v for v in _measure_and_judge(baselines, runs, max_time, floor_pct, noise_factor, alpha)}
+        again = {
+            v.name: v for v in _measure_and_judge(baselines, runs, max_time, floor_pct, noise_factor, alpha)
+        }
         for name in suspects:
             if name in again:
                 click.echo(f"  {again[name].line()}")

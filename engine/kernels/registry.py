@@ -214,7 +214,11 @@ def select(op: str, variant_name: str | None = None, device: torch.device | str 
         chosen, source = variant(op, defaults[op]), "shipped default"
         reason = unavailable_reason(chosen, dev)
         fallback = SHIPPED_FALLBACKS.get(dev, {}).get(op)
-        if reason is not None and fallback is not None and unavailable_reason(variant(op, fallback), dev) is None:
+        if (
+            reason is not None
+            and fallback is not None
+            and unavailable_reason(variant(op, fallback), dev) is None
+        ):
             _warn_fallback(op, chosen.name, fallback, dev, reason)
             chosen, source = variant(op, fallback), "shipped fallback"
     reason = unavailable_reason(chosen, dev)

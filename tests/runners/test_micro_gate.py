@@ -114,7 +114,9 @@ def gate(tmp_path, monkeypatch):
                           hardware=HARDWARE, command=["test"])  # fmt: skip
         measurements[:] = [now, *later]
         calls.clear()
-        result = CliRunner().invoke(micro.micro_gate_command, ["--results", str(results), "--confirm-pause", "0"])
+        result = CliRunner().invoke(
+            micro.micro_gate_command, ["--results", str(results), "--confirm-pause", "0"]
+        )
         result.measurements = len(calls)
         return result
 
