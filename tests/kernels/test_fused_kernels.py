@@ -84,6 +84,7 @@ def test_cpu_models_keep_their_eager_code():
     assert fused_variants(model) == dict.fromkeys(sorted(FUSED_OPS), "reference")
     layer = model.model.layers[1]
     assert layer.input_layernorm.kernel is None and layer.block_sparse_moe.gate.kernel is None
+    assert layer.block_sparse_moe.gate.logits_kernel is None
     assert not layer.block_sparse_moe.experts.routes_include_shared
 
 
@@ -107,6 +108,8 @@ def test_the_cuda_count_runs_the_fused_kernels():
     mla_layers = TINY.num_hidden_layers - kda_layers
     assert counted.triton["_rms_norm_kernel"] == 2 * TINY.num_hidden_layers + mla_layers + 1
     assert not {"rsqrt", "topk", "softplus", "sigmoid", "new_full"} & set(counted.aten), counted.aten
+    # The router's logits GEMV reads BF16 x itself: the casts left are MLA's two per layer (scores, probs).
+    assert counted.aten.get("to", 0) == 2 * mla_layers, counted.aten
 
 
 def test_a_prepared_model_decodes_alike_with_the_fused_kernels():
