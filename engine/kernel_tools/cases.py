@@ -1,6 +1,7 @@
 """Random inputs for each operation at a given shape: what the equivalence checker and benchmarks feed in.
 
-Shapes are plain JSON-able dicts: gemv ops ``{B, N, K, group}`` (plus ``out``: "bf16" or "fp32"), grouped ops ``{B, S, E, N, K, group}`` (plus
+Shapes are plain JSON-able dicts: gemv ops ``{B, N, K, group}`` (plus ``out``: "bf16" or "fp32"; dense
+``weight``: "bf16" or "fp32"), grouped ops ``{B, S, E, N, K, group}`` (plus
 ``per_slot`` for a ``[B, S, K]`` input), ``route_combine`` ``{B, S, N}``; the fused decode ops ``rms_norm``
 ``{B, H, residual}``, ``kda_decode_step`` ``{B, H, d, taps, low_rank}``, ``route_topk`` ``{B, E, k, renormalize,
 scaling, shared}`` (``act``: "bf16" or "fp32" activations). Codes cover the whole signed
@@ -71,7 +72,8 @@ def _gemv_case(fmt: str) -> Callable[[dict, torch.Generator | None, torch.device
             )
             args = (x, codes, scales.to(SCALE), shape["group"])
         else:
-            args = (x, (torch.randn((n, k), generator=gen, device=device) / k**0.5).to(ACTIVATION))
+            weight = OUT_DTYPES[shape.get("weight", "bf16")]  # FP32: the router's logits weight
+            args = (x, (torch.randn((n, k), generator=gen, device=device) / k**0.5).to(weight))
         return Case(args, {"out_dtype": out_dtype}, (b, n), out_dtype)
 
     return build

@@ -44,7 +44,18 @@ def kimi_shapes(
             )
         head = {"name": f"lm_head_B{b}", "B": b, "N": cfg.vocab_size, "K": h, "group": group, "out": "fp32"}
         tables["w8a16_gemv"].append(head)
-        tables["w16a16_gemv"].append({k: v for k, v in head.items() if k != "group"})
+        tables["w16a16_gemv"] += [
+            {k: v for k, v in head.items() if k != "group"},
+            # The fused router's logits: BF16 x against the FP32 router weight (engine/kernels/fused.py).
+            {
+                "name": f"router_logits_B{b}",
+                "B": b,
+                "N": cfg.num_experts,
+                "K": h,
+                "out": "fp32",
+                "weight": "fp32",
+            },
+        ]
         bank = {"B": b, "S": slots, "E": experts, "group": group}
         tables["w4a16_grouped_gemv"] += [
             {"name": f"experts_gate_up_B{b}", **bank, "N": m, "K": h},
@@ -95,6 +106,7 @@ EDGE_SHAPES: dict[str, list[dict]] = {
     "w16a16_gemv": [
         {"name": "edge_b1", "B": 1, "N": 50, "K": 96, "out": "fp32"},
         {"name": "edge_b7", "B": 7, "N": 21, "K": 200},
+        {"name": "edge_b2_fp32_weight", "B": 2, "N": 40, "K": 160, "out": "fp32", "weight": "fp32"},
     ],
     "w4a16_grouped_gemv": [
         {"name": "edge_shared_x", "B": 2, "S": 3, "E": 5, "N": 40, "K": 96, "group": 32},

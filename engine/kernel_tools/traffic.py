@@ -35,7 +35,8 @@ def op_bytes(op: str, shape: dict, *, unique_experts: int | None = None) -> int:
         fmt = {"w4a16_gemv": "int4", "w8a16_gemv": "int8", "w16a16_gemv": "dense"}[op]
         n, k = shape["N"], shape["K"]
         out = _OUT_BYTES[shape.get("out", "bf16")]
-        return weight_bytes(fmt, n, k, shape.get("group")) + b * k * ACTIVATION_BYTES + b * n * out
+        weights = weight_bytes(fmt, n, k, shape.get("group")) * (2 if shape.get("weight") == "fp32" else 1)
+        return weights + b * k * ACTIVATION_BYTES + b * n * out
     if op == "route_combine":
         s, n = shape["S"], shape["N"]
         return b * s * n * ACTIVATION_BYTES + b * s * 4 + b * n * ACTIVATION_BYTES

@@ -144,7 +144,10 @@ def w4a16_gemv(x, codes, scales, group_size, *, out=None, out_dtype=None):
 def w16a16_gemv(x, weight, *, out=None, out_dtype=None):
     shape = gemv_shape("dense", x, weight, None, None)
     out = output(out, (shape.batch, shape.n), out_dtype or x.dtype, x.device)
-    out.copy_(_ops().w16_mm(x, weight.contiguous()))
+    if weight.dtype == torch.float32:  # the C++ loop reads 16-bit weights; FP32 ones are torch's FP32 GEMV
+        out.copy_(torch.nn.functional.linear(x.float(), weight))
+    else:
+        out.copy_(_ops().w16_mm(x, weight.contiguous()))
     return out
 
 

@@ -2,7 +2,8 @@
 
 Each is an operation of the registry with its reference beside its Triton kernel (triton_norm.py,
 triton_kda.py, triton_router.py); on CUDA the shipped default is the Triton variant, on the CPU the
-reference. A bound reference leaves the model's eager code in place (the same computation, with no
+reference. A fused router also takes the selected ``w16a16_gemv`` for its decode logits (x in its own
+dtype against the FP32 weight: no cast kernel). A bound reference leaves the model's eager code in place (the same computation, with no
 extra copy into an output buffer), so CPU runs are unchanged.
 """
 
@@ -31,6 +32,8 @@ def use_fused_kernels(model: nn.Module, selections: dict[str, Selection]) -> dic
             module.decode_kernel, op = fns["kda_decode_step"] or kda_decode_step, "kda_decode_step"
         elif isinstance(module, Router):
             module.kernel, op = fns["route_topk"], "route_topk"
+            # The logits GEMV goes with the fused router, so CPU models (eager router) keep F.linear.
+            module.logits_kernel = None if module.kernel is None else selections["w16a16_gemv"].variant.fn
         else:
             if isinstance(module, SparseMoE):
                 _route_shared_slot(module, fused=fns["route_topk"] is not None)

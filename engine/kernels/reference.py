@@ -18,7 +18,7 @@ registry.define(
     weight_args=((1, 2),),
 )
 registry.define("w8a16_gemv", "y[B,N] = x[B,K] @ W^T, W INT8 [N,K] codes + [N,K/G] scales (INT8 LM head)")
-registry.define("w16a16_gemv", "y[B,N] = x[B,K] @ W^T, W BF16/FP16 [N,K] (BF16 LM head)")
+registry.define("w16a16_gemv", "y[B,N] = x[B,K] @ W^T, W BF16/FP16/FP32 [N,K] (BF16 LM head, FP32 router)")
 registry.define(
     "w4a16_grouped_gemv",
     "y[B,S,N] = x[B,(S,)K] @ bank[route_ids[B,S]]^T over an INT4 expert bank [E,N,K/2] (gate/up and down)",

@@ -60,9 +60,12 @@ class Linear(nn.Module):
 class SharedInputLinears:
     """Plain `Linear`s that read the same input, run as one GEMM over their concatenated weights: at decode
     a GEMV call costs more than its arithmetic, so one call instead of several pays. Each Linear's weight
-    is rebound to its rows of the one matrix (views: no second copy). Modules that are not a plain
-    `Linear` (a packed INT4 projection) keep their own call. The fused GEMM takes the decode GEMV bound to
-    the first fused `Linear` at call time. The weights must not change after."""
+    is rebound to its rows of the one matrix (views: no second copy); the fused GEMM takes the decode GEMV
+    bound to the first fused `Linear` at call time. Modules of another kind may be merged by their own
+    type: one whose class has ``merge_shared_input(owner, names)`` (packed INT4 projections,
+    engine/quant/packed.py) gets the names that are not plain `Linear`s and returns None or a group with
+    ``names`` and ``__call__(x)`` -> their outputs, or None to run each on its own this call. The rest keep
+    their own call. The weights must not change after."""
 
     def __init__(self, owner: nn.Module, names: tuple[str, ...]):
         self.names = names
@@ -79,6 +82,9 @@ class SharedInputLinears:
                     self.weight[start : start + size], requires_grad=False
                 )
                 start += size
+        rest = tuple(n for n in names if n not in self.fused)
+        merge = getattr(type(getattr(owner, rest[0])), "merge_shared_input", None) if rest else None
+        self.merged = merge(owner, rest) if merge is not None else None
 
     def __call__(self, owner: nn.Module, x: torch.Tensor) -> dict[str, torch.Tensor]:
         """name -> that projection of x, for every name given at construction."""
@@ -86,4 +92,6 @@ class SharedInputLinears:
         if self.weight is not None:  # set exactly when there is a fused group
             gemv = getattr(owner, self.fused[0]).decode_gemv
             out = dict(zip(self.fused, _project(x, self.weight, gemv).split(self.sizes, -1), strict=True))
+        if self.merged is not None and (merged := self.merged(x)) is not None:
+            out.update(zip(self.merged.names, merged, strict=True))
         return {n: out[n] if n in out else getattr(owner, n)(x) for n in self.names}

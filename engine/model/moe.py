@@ -40,10 +40,16 @@ class Router(nn.Module):
         # shared expert, engine/kernels/fused.py).
         self.kernel: Callable | None = None
         self.shared_slot: int | None = None
+        # Bound with the fused router: a ``w16a16_gemv`` variant that reads x in its own dtype and the FP32
+        # weight, for the decode logits (one launch; eager casts x to FP32 first, a second).
+        self.logits_kernel: Callable | None = None
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, hidden] -> (expert_weights [N, k] FP32, expert_ids [N, k] int64)."""
-        logits = F.linear(x.float(), self.weight)
+        if self.logits_kernel is not None and takes_decode_path(x.shape[0]):
+            logits = self.logits_kernel(x, self.weight, out_dtype=torch.float32)
+        else:
+            logits = F.linear(x.float(), self.weight)
         bias = self.e_score_correction_bias
         if self.kernel is None:
             return route_scores(logits, bias, self.top_k, self.renormalize, self.scaling)

@@ -58,12 +58,31 @@ class PackedLinear(nn.Module):
         """Use the variants in ``selections`` (from `engine.kernels.resolve`) from now on."""
         op = GEMV_FOR_FORMAT[self.format]
         self.kernels = {op: selections[op]}
-        chosen = selections[op].variant
+        chosen = self.variant = selections[op].variant
         self._gemv, self._many_rows = chosen.fn, chosen.many_rows
         if self.scales is None:
             self._weight_args = (self.data,)
         else:
             self._weight_args = (*_packed_for(chosen, self.data, self.scales), self.group_size)
+
+    @classmethod
+    def merge_shared_input(cls, owner: nn.Module, names: tuple[str, ...]) -> PackedInputGroup | None:
+        """The quantised projections among ``names`` of ``owner`` that read the same input and share a
+        format and group size, as one `PackedInputGroup` (`engine.model.linear.SharedInputLinears`)."""
+        groups: dict[tuple, list[str]] = {}
+        for name in names:
+            module = getattr(owner, name)
+            if type(module) is cls and module.scales is not None:
+                key = (
+                    module.format,
+                    module.group_size,
+                    module.in_features,
+                    module.data.dtype,
+                    module.scales.dtype,
+                )
+                groups.setdefault(key, []).append(name)
+        largest = max(groups.values(), key=len, default=[])
+        return PackedInputGroup(owner, tuple(largest)) if len(largest) > 1 else None
 
     @property
     def weight(self) -> LinearWeight:
@@ -86,6 +105,39 @@ class PackedLinear(nn.Module):
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, format={self.format}{group}"
         )
+
+
+class PackedInputGroup:
+    """Quantised projections of one format and group size that read the same input (KDA's q/k/v), stored
+    as one matrix of concatenated output rows: each module's buffers are rebound to views of its rows (no
+    second copy). At decode, while all are bound to the same Triton GEMV, one launch computes them all (a
+    launch costs more than these rows' arithmetic) and the output is split by views; otherwise each module
+    runs its own call as before (the CPU kernels and their results are unchanged)."""
+
+    def __init__(self, owner: nn.Module, names: tuple[str, ...]):
+        self.names = names
+        self.modules: list[PackedLinear] = [getattr(owner, n) for n in names]
+        self.sizes = [m.out_features for m in self.modules]
+        self.data = torch.cat([m.data for m in self.modules])
+        self.scales = torch.cat([m.scales for m in self.modules if m.scales is not None])
+        start = 0
+        for module, size in zip(self.modules, self.sizes, strict=True):
+            module.data, module.scales = self.data[start : start + size], self.scales[start : start + size]
+            if module.variant.pack is None:  # its weight arguments were the old buffers
+                module.bind(module.kernels)
+            start += size
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor] | None:
+        """The projections of ``x`` in ``names`` order, or None when they do not run as one launch now."""
+        first = self.modules[0]
+        rows = x.reshape(-1, first.in_features)
+        one_launch = first.variant.backend == "triton" and first.variant.pack is None
+        if not (one_launch and takes_decode_path(rows.shape[0])) or any(
+            m.variant is not first.variant for m in self.modules
+        ):
+            return None
+        y = first._gemv(rows, self.data, self.scales, first.group_size)
+        return [part.view(*x.shape[:-1], part.shape[-1]) for part in y.split(self.sizes, -1)]
 
 
 class PackedExpertBank(nn.Module):

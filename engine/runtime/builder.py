@@ -23,7 +23,8 @@ Everything below is decided while the model is built; nothing reshapes or re-bin
    GPU once it matched `kda_chunked` on random inputs. One new token per sequence runs the recurrent step.
 4. Inference form, once the weights are in (`prepare_for_inference`): MLA's absorbed matrices (from
    `kv_b_proj`) computed once instead of per token, and the projections that share an input concatenated
-   into one GEMM each (KDA's six, an MLP's gate and up; packed ones keep their own call).
+   into one GEMM each (KDA's six, an MLP's gate and up); quantised ones of one format and group size
+   into one matrix of concatenated rows, run as one GEMV while bound to a Triton kernel (KDA's q/k/v).
 5. Decode or prefill: by the batch's rows, one threshold for every module (engine/model/paths.py).
 
 Around the model, per cache, the Engine runs the decode step eagerly or Inductor-compiled, in a CUDA graph
@@ -87,7 +88,8 @@ def build_model(
 
 def prepare_for_inference(model: KimiLinearForCausalLM) -> None:
     """Convert once at load what decode would otherwise convert per token (MLA's absorbed kv_b_proj), and
-    concatenate the projections that share an input into one GEMM each (KDA's six, an MLP's gate and up)."""
+    concatenate the projections that share an input into one GEMM each (KDA's six, an MLP's gate and up;
+    quantised ones into one GEMV on Triton, engine/quant/packed.py's `PackedInputGroup`)."""
     for module in model.modules():
         if isinstance(module, MultiheadLatentAttention):
             module.freeze_absorbed_weights()

@@ -84,6 +84,7 @@ def test_cpu_models_keep_their_eager_code():
     assert fused_variants(model) == dict.fromkeys(sorted(FUSED_OPS), "reference")
     layer = model.model.layers[1]
     assert layer.input_layernorm.kernel is None and layer.block_sparse_moe.gate.kernel is None
+    assert layer.block_sparse_moe.gate.logits_kernel is None
     assert not layer.block_sparse_moe.experts.routes_include_shared
 
 
@@ -107,6 +108,8 @@ def test_the_cuda_count_runs_the_fused_kernels():
     mla_layers = TINY.num_hidden_layers - kda_layers
     assert counted.triton["_rms_norm_kernel"] == 2 * TINY.num_hidden_layers + mla_layers + 1
     assert not {"rsqrt", "topk", "softplus", "sigmoid", "new_full"} & set(counted.aten), counted.aten
+    # The router's logits GEMV reads BF16 x itself: the casts left are MLA's two per layer (scores, probs).
+    assert counted.aten.get("to", 0) == 2 * mla_layers, counted.aten
 
 
 def test_a_prepared_model_decodes_alike_with_the_fused_kernels():
@@ -130,3 +133,48 @@ def test_a_prepared_model_decodes_alike_with_the_fused_kernels():
         got, want = (model.decode_step(token, cache) for model, cache in zip(models, caches, strict=True))
         assert (got - want).abs().max() <= 1e-4 * want.abs().max()
         token = want.argmax(-1)
+
+
+@pytest.mark.parametrize("kernels", ["cuda", "cpu"])
+def test_packed_input_projections_share_one_gemv_on_triton_only(kernels):
+    """KDA's quantised q/k/v after `prepare_for_inference`: the bound CUDA defaults (interpreted here) run
+    them as one GEMV over the concatenated rows, equal to the three separate GEMVs and within 1e-5 x max
+    of the dequantised reference (FP32); the CPU defaults keep the three calls and the same weights."""
+    from engine.kernels.defaults import SHIPPED_DEFAULTS
+    from engine.model.kda import KimiDeltaAttention
+    from engine.quant.packed import PackedInputGroup
+    from engine.runtime.builder import prepare_for_inference
+
+    if kernels == "cpu" and DEVICE != "cpu":
+        pytest.skip("the CPU defaults run on CPU tensors")
+    two_layers = dataclasses.replace(TINY, num_hidden_layers=2, full_attn_layers=(1,))
+    model = synthetic_quantized_model(
+        two_layers, make_plan("default"), device=DEVICE, dtype=torch.float32, seed=4,
+        kernels=SHIPPED_DEFAULTS[kernels],
+    )  # fmt: skip
+    attn = next(m for m in model.modules() if isinstance(m, KimiDeltaAttention))
+    names = ("q_proj", "k_proj", "v_proj")
+    before = {n: getattr(attn, n).dense_weight().clone() for n in names}
+    prepare_for_inference(model)
+    group = attn._input_projections.merged
+    assert isinstance(group, PackedInputGroup) and group.names == names
+    x = torch.randn(2, 1, two_layers.hidden_size, generator=_gen(), device=DEVICE)
+    calls = []
+    for module in group.modules:
+        gemv = module._gemv
+        module._gemv = lambda *args, gemv=gemv: calls.append(args[1].data_ptr()) or gemv(*args)
+    merged = group(x)
+    if kernels == "cpu":
+        assert merged is None and not calls
+    else:
+        assert merged is not None and calls == [group.data.data_ptr()]
+        for name, got in zip(names, merged, strict=True):
+            alone = getattr(attn, name)(x)
+            reference = x @ before[name].T
+            torch.testing.assert_close(got, alone, atol=0, rtol=0)
+            assert (got - reference).abs().max() <= 1e-5 * reference.abs().max()
+    for name in names:  # views of the one matrix, same weights
+        assert (
+            getattr(attn, name).data.untyped_storage().data_ptr() == group.data.untyped_storage().data_ptr()
+        )
+        torch.testing.assert_close(getattr(attn, name).dense_weight(), before[name], atol=0, rtol=0)

@@ -46,8 +46,11 @@ def test_cpu_run_times_every_variant_and_marks_the_interpreter_not_comparable(tm
     bars = figures.build_all(tmp_path)["kernel_bandwidth"]["bars"]  # the interpreted runs are left out
     assert sorted(b["label"] for b in bars) == ["route_combine.reference experts_combine_B1",
                                                 "w16a16_gemv.cpp lm_head_B1",
+                                                "w16a16_gemv.cpp router_logits_B1",
                                                 "w16a16_gemv.native lm_head_B1",
-                                                "w16a16_gemv.reference lm_head_B1"]  # fmt: skip
+                                                "w16a16_gemv.native router_logits_B1",
+                                                "w16a16_gemv.reference lm_head_B1",
+                                                "w16a16_gemv.reference router_logits_B1"]  # fmt: skip
 
 
 def test_without_the_interpreter_variable_the_cli_runs_the_work_in_a_child(tmp_path):
