@@ -14,6 +14,14 @@ def count_option(*decls: str, default: int, help: str, minimum: int = 1) -> Call
     return click.option(*decls, type=click.IntRange(minimum), default=default, show_default=True, help=help)
 
 
+def float_option(
+    *decls: str, default: float, help: str, minimum: float | None = None, above: bool = False
+) -> Callable[[Any], Any]:
+    """A decimal option with a default shown in --help; with `minimum`, at least that (`above`: more)."""
+    kind = float if minimum is None else click.FloatRange(minimum, min_open=above)
+    return click.option(*decls, type=kind, default=default, show_default=True, help=help)
+
+
 @contextmanager
 def reported_as_click_errors(*errors: type[Exception]) -> Iterator[None]:
     """Show one of these errors as a ClickException (its message, exit 1), not a traceback."""
