@@ -28,6 +28,12 @@ def install(session: nox.Session, extras: str = "") -> None:
     session.install("-e", f".[{extras}]" if extras else ".")
 
 
+def harness(session: nox.Session, command: str) -> None:
+    """Install the project and run one `kimi-harness` command."""
+    install(session)
+    session.run("kimi-harness", command)
+
+
 def regenerate(session: nox.Session) -> None:
     session.run("kimi-harness", "report")
     session.run("kimi-harness", "figures")
@@ -152,34 +158,29 @@ def bench_serve(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def selfcheck(session: nox.Session) -> None:
     """A small real measurement through the whole evidence path (receipt, report, figures)."""
-    install(session)
-    session.run("kimi-harness", "selfcheck")
+    harness(session, "selfcheck")
     regenerate(session)
 
 
 @nox.session(python=PYTHON)
 def report(session: nox.Session) -> None:
     """Regenerate results/RESULTS.md from the receipts."""
-    install(session)
-    session.run("kimi-harness", "report")
+    harness(session, "report")
 
 
 @nox.session(python=PYTHON)
 def claims(session: nox.Session) -> None:
     """Regenerate docs/CLAIMS.md: published claims against the ceilings `kimi-harness plan` computes."""
-    install(session)
-    session.run("kimi-harness", "claims")
+    harness(session, "claims")
 
 
 @nox.session(python=PYTHON)
 def figures(session: nox.Session) -> None:
     """Regenerate docs/figures/ (PNG + PDF + data) from the receipts."""
-    install(session)
-    session.run("kimi-harness", "figures")
+    harness(session, "figures")
 
 
 @nox.session(python=PYTHON)
 def audit(session: nox.Session) -> None:
     """Fail when a receipt, RESULTS.md, a figure or a number in the docs does not match the evidence."""
-    install(session)
-    session.run("kimi-harness", "audit")
+    harness(session, "audit")

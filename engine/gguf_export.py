@@ -57,6 +57,9 @@ def _gguf_name(kind: gguf.MODEL_TENSOR, layer: int | None = None, suffix: str = 
     return f"{base.format(bid=layer) if layer is not None else base}.{suffix}"
 
 
+_SWIGLU_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
 def _entries(cfg: KimiLinearConfig) -> list[_Entry]:
     entries = [_Entry(_gguf_name(MT.TOKEN_EMBD), ("model.embed_tokens.weight",), _identity)]
     for i in range(cfg.num_hidden_layers):
@@ -65,6 +68,12 @@ def _entries(cfg: KimiLinearConfig) -> list[_Entry]:
 
         def one(kind, source, convert=_identity, keep_f32=False, suffix="weight", layer=i):
             return _Entry(_gguf_name(kind, layer, suffix), (source,), convert, keep_f32)
+
+        def swiglu(kinds, prefix):  # a SwiGLU MLP's gate, up and down projections under `prefix`
+            return [
+                one(kind, f"{prefix}{proj}.weight")
+                for kind, proj in zip(kinds, _SWIGLU_PROJECTIONS, strict=True)
+            ]
 
         entries.append(one(MT.ATTN_NORM, p + "input_layernorm.weight", keep_f32=True))
         if cfg.is_mla_layer(i):
@@ -115,18 +124,11 @@ def _entries(cfg: KimiLinearConfig) -> list[_Entry]:
                 sources = tuple(expert_tensor_name(i, e, proj) for e in range(cfg.num_experts))
                 entries.append(_Entry(_gguf_name(kind, i), sources, lambda *ws: torch.stack(ws)))
             if cfg.num_shared_experts:
-                s = m + "shared_experts."
-                entries += [
-                    one(MT.FFN_GATE_SHEXP, s + "gate_proj.weight"),
-                    one(MT.FFN_UP_SHEXP, s + "up_proj.weight"),
-                    one(MT.FFN_DOWN_SHEXP, s + "down_proj.weight"),
-                ]
+                entries += swiglu(
+                    (MT.FFN_GATE_SHEXP, MT.FFN_UP_SHEXP, MT.FFN_DOWN_SHEXP), m + "shared_experts."
+                )
         else:
-            entries += [
-                one(MT.FFN_GATE, p + "mlp.gate_proj.weight"),
-                one(MT.FFN_UP, p + "mlp.up_proj.weight"),
-                one(MT.FFN_DOWN, p + "mlp.down_proj.weight"),
-            ]
+            entries += swiglu((MT.FFN_GATE, MT.FFN_UP, MT.FFN_DOWN), p + "mlp.")
     entries += [
         _Entry(_gguf_name(MT.OUTPUT_NORM), ("model.norm.weight",), _identity, True),
         _Entry(_gguf_name(MT.OUTPUT), ("lm_head.weight",), _identity),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import click
 
+from common.click_options import reported_as_click_errors
 from harness.hardware import describe
 
 ROOT_HELP = "The checkout to work on [default: the git top level of the current directory]."
@@ -81,10 +82,8 @@ def figures(root: Path | None, results: Path | None, out: Path | None) -> None:
     from harness.figures import write_all
 
     out = out if out is not None else resolve_root(root) / "docs" / "figures"
-    try:
+    with reported_as_click_errors(RuntimeError):  # USE_TEX=1 without a LaTeX install
         written = write_all(resolve_results(root, results), out)
-    except RuntimeError as exc:  # USE_TEX=1 without a LaTeX install
-        raise click.ClickException(str(exc)) from None
     for path in written:
         click.echo(f"wrote {path}")
 
@@ -150,10 +149,8 @@ def import_benchmark_cmd(files: tuple[Path, ...], root: Path | None, results: Pa
     """
     from harness.microbench import BenchmarkJSONError, import_benchmark
 
-    try:
+    with reported_as_click_errors(BenchmarkJSONError):
         written = import_benchmark(list(files), resolve_results(root, results))
-    except BenchmarkJSONError as exc:
-        raise click.ClickException(str(exc)) from None
     for path in written:
         click.echo(f"wrote {path}")
     click.echo(f"imported {len(written)} case(s) from {len(files)} file(s)")
@@ -198,11 +195,9 @@ def compare(
         )
         return load_receipt(path)
 
-    try:
+    with reported_as_click_errors(KeyError, TypeError, ValueError, FileNotFoundError):
         old, fresh = locate(base), locate(new)
         old_value, new_value = float(resolve_field(old, metric)), float(resolve_field(fresh, metric))
-    except (KeyError, TypeError, ValueError, FileNotFoundError) as exc:
-        raise click.ClickException(str(exc)) from None
     if old_value == 0:
         raise click.ClickException(f"{metric} is 0 in {base}: no ratio can be formed")
     parts = metric.split(".")
@@ -280,10 +275,8 @@ def import_device(tar_path: Path, root: Path | None, results: Path | None) -> No
     from harness.import_device import import_device_tar
     from harness.receipt import ReceiptError
 
-    try:
+    with reported_as_click_errors(ReceiptError):
         written, present = import_device_tar(tar_path, resolve_results(root, results))
-    except ReceiptError as exc:
-        raise click.ClickException(str(exc)) from None
     for path in written:
         click.echo(f"imported {path}")
     click.echo(f"{len(written)} receipts imported, {len(present)} already there")

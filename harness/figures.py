@@ -168,25 +168,41 @@ def _lines_in_order(series: dict[tuple[str, str], dict]) -> list[dict]:
     return lines
 
 
+def _newest_lines(
+    frame: pd.DataFrame,
+    suite: str,
+    x: str,
+    label_of: Callable[[dict], str],
+    measures_of: Callable[[dict], dict],
+) -> list[dict]:
+    """The suite's receipts as lines keyed by (label of the config, hardware), each point its config's
+    `x`, the measures and the receipt's path; an x measured twice on one line keeps its newest receipt."""
+    series: dict[tuple[str, str], dict] = {}
+    for row in sorted(_newest_suite(frame, suite).itertuples(), key=lambda r: (r.created, r.path)):
+        cfg = row.receipt["config"]
+        label = label_of(cfg)
+        line = series.setdefault(
+            (label, row.hardware_id), {"label": label, "hardware_id": row.hardware_id, "points": {}}
+        )
+        line["points"][cfg[x]] = {x: cfg[x], **measures_of(row.receipt), "receipt": row.path}
+    return _lines_in_order(series)
+
+
 def decode_throughput(frame: pd.DataFrame) -> dict | None:
     """Decode tok/s against context length, one line per configuration and hardware, each with its
     roofline; a context measured twice in one configuration keeps its newest receipt (x strictly rises)."""
-    rows = _newest_suite(frame, "decode")
-    series: dict[tuple[str, str], dict] = {}
-    for row in sorted(rows.itertuples(), key=lambda r: (r.created, r.path)):
-        receipt = row.receipt
-        cfg = receipt["config"]
-        key = (f"{config_label(cfg)}; {weights_label(cfg)} weights", row.hardware_id)
-        line = series.setdefault(key, {"label": key[0], "hardware_id": row.hardware_id, "points": {}})
-        line["points"][cfg["context"]] = {
-            "context": cfg["context"],
+    lines = _newest_lines(
+        frame,
+        "decode",
+        "context",
+        lambda cfg: f"{config_label(cfg)}; {weights_label(cfg)} weights",
+        lambda receipt: {
             "tok_s": receipt["summary"]["decode_tok_s"]["median"],
             "roofline_tok_s": receipt["derived"]["roofline_tok_s"],
-            "receipt": row.path,
-        }
-    if not series:
+        },
+    )
+    if not lines:
         return None
-    lines = _lines_in_order(series)
     return {"title": "Decode tokens/s by context length (median; dashed: roofline of the same colour)",
             "series": lines}  # fmt: skip
 
@@ -216,25 +232,20 @@ def draw_decode(data: dict) -> plt.Figure:
 def batching_concurrency(frame: pd.DataFrame) -> dict | None:
     """Aggregate output tok/s and median TTFT / ITL against concurrency (`batching` receipts), one line per
     configuration and hardware; each point labelled with its speedup over concurrency 1."""
-    rows = _newest_suite(frame, "batching")
-    series: dict[tuple[str, str], dict] = {}
-    for row in sorted(rows.itertuples(), key=lambda r: (r.created, r.path)):
-        receipt, cfg = row.receipt, row.receipt["config"]
-        label = f"{config_label(cfg)}, {cfg['decode_step']} step"
-        line = series.setdefault((label, row.hardware_id), {"label": label, "hardware_id": row.hardware_id,
-                                                            "points": {}})  # fmt: skip
-        summary = receipt["summary"]
-        line["points"][cfg["concurrency"]] = {
-            "concurrency": cfg["concurrency"],
-            "aggregate_tok_s": summary["aggregate_tok_s"]["median"],
-            "ttft_ms": summary["ttft_ms"]["median"],
-            "itl_ms": summary["itl_ms"]["median"],
+    lines = _newest_lines(
+        frame,
+        "batching",
+        "concurrency",
+        lambda cfg: f"{config_label(cfg)}, {cfg['decode_step']} step",
+        lambda receipt: {
+            "aggregate_tok_s": receipt["summary"]["aggregate_tok_s"]["median"],
+            "ttft_ms": receipt["summary"]["ttft_ms"]["median"],
+            "itl_ms": receipt["summary"]["itl_ms"]["median"],
             "speedup_vs_c1": receipt["derived"].get("speedup_vs_c1"),
-            "receipt": row.path,
-        }
-    if not series:
+        },
+    )
+    if not lines:
         return None
-    lines = _lines_in_order(series)
     return {"title": "Continuous batching: aggregate output tokens/s and latency by concurrency (medians)",
             "series": lines}  # fmt: skip
 

@@ -11,12 +11,14 @@ import re
 import sqlite3
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 import httpx
 
+from common.click_options import count_option, float_option
 from common.listen import listening_socket
 from common.logs import configure_logging, log_format_option
 from k3 import VERSION, presets
@@ -141,12 +143,17 @@ mock_option = click.option(
 )
 
 
+def engine_target_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options naming the engine k3 talks to, which `serve` and `setup` both take."""
+    for option in reversed(
+        (upstream_option, upstream_key_option, model_option, small_model_option, mock_option)
+    ):
+        command = option(command)
+    return command
+
+
 @main.command()
-@upstream_option
-@upstream_key_option
-@model_option
-@small_model_option
-@mock_option
+@engine_target_options
 @click.option(
     "--host", default="127.0.0.1", show_default=True, help="Bind address (keep loopback unless --api-key)."
 )
@@ -198,20 +205,10 @@ mock_option = click.option(
     help="SQLite file (WAL) keeping each turn's exact reasoning and tool calls, so a restart loses "
     "nothing (env K3_LEDGER); created mode 0600, refused when other users can read it. Default: in memory.",
 )
-@click.option(
-    "--ledger-max-entries",
-    default=4096,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="Ledger size in turns (least recently used go first).",
+@count_option(
+    "--ledger-max-entries", default=4096, help="Ledger size in turns (least recently used go first)."
 )
-@click.option(
-    "--ledger-max-mb",
-    default=128.0,
-    show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
-    help="Ledger size in MiB.",
-)
+@float_option("--ledger-max-mb", default=128.0, minimum=0, above=True, help="Ledger size in MiB.")
 @click.option(
     "--ledger-ttl",
     default="7d",
@@ -227,38 +224,21 @@ mock_option = click.option(
     "signatures across restarts (env K3_STATE_DIR). Refused when group or others can write it, or "
     "read the key, or the key is a symlink. Default: $XDG_STATE_HOME/k3 or ~/.local/state/k3.",
 )
-@click.option(
-    "--connect-timeout", default=10.0, show_default=True, type=float, help="Seconds to connect upstream."
-)
-@click.option(
-    "--read-timeout",
-    default=600.0,
-    show_default=True,
-    type=float,
-    help="Longest upstream silence, in seconds.",
-)
-@click.option(
-    "--max-body-mb", default=64.0, show_default=True, type=float, help="Largest client body (413 above)."
-)
-@click.option(
+@float_option("--connect-timeout", default=10.0, help="Seconds to connect upstream.")
+@float_option("--read-timeout", default=600.0, help="Longest upstream silence, in seconds.")
+@float_option("--max-body-mb", default=64.0, help="Largest client body (413 above).")
+@float_option(
     "--max-sse-line-mb",
     default=8.0,
-    show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
+    minimum=0,
+    above=True,
     help="Longest line of the engine's SSE stream; a longer one ends the turn with an error event.",
 )
-@click.option(
-    "--keepalive",
-    default=15.0,
-    show_default=True,
-    type=float,
-    help="Seconds of silence before a stream keep-alive.",
-)
-@click.option(
+@float_option("--keepalive", default=15.0, help="Seconds of silence before a stream keep-alive.")
+@float_option(
     "--shutdown-grace",
     default=5.0,
-    show_default=True,
-    type=click.FloatRange(min=0),
+    minimum=0,
     help="Seconds a shutdown (SIGTERM, Ctrl-C) lets turns in flight finish; the rest then end with "
     "an error event in their client's dialect.",
 )
@@ -569,11 +549,7 @@ def mock_transport() -> httpx.AsyncBaseTransport:
 
 
 @main.command()
-@upstream_option
-@upstream_key_option
-@model_option
-@small_model_option
-@mock_option
+@engine_target_options
 @click.option(
     "--port", "-p", default=8080, show_default=True, type=int, help="Port k3 will serve on (for the setup)."
 )

@@ -145,6 +145,18 @@ def messages_to_upstream(
     return out
 
 
+# The request's options the engine takes under the same names, in payload order.
+_OPTIONS = ("max_tokens", "temperature", "top_p", "stop", "reasoning_effort", "response_format")
+
+
+def _copy_given(request: CanonicalRequest, payload: dict[str, Any], names: tuple[str, ...]) -> None:
+    """Copy each named option the client gave (not None, not an empty stop list) into the payload."""
+    for name in names:
+        value = getattr(request, name)
+        if value is not None and value != []:
+            payload[name] = value
+
+
 def build_payload(
     request: CanonicalRequest, config: Config, upstream_model: str, memory: TurnMemory | None = None
 ) -> dict[str, Any]:
@@ -156,22 +168,8 @@ def build_payload(
     }
     if request.tools:
         payload["tools"] = [tool_to_upstream(t) for t in request.tools]
-        if request.tool_choice is not None:
-            payload["tool_choice"] = request.tool_choice
-        if request.parallel_tool_calls is not None:
-            payload["parallel_tool_calls"] = request.parallel_tool_calls
-    if request.max_tokens is not None:
-        payload["max_tokens"] = request.max_tokens
-    if request.temperature is not None:
-        payload["temperature"] = request.temperature
-    if request.top_p is not None:
-        payload["top_p"] = request.top_p
-    if request.stop:
-        payload["stop"] = request.stop
-    if request.reasoning_effort is not None:
-        payload["reasoning_effort"] = request.reasoning_effort
-    if request.response_format is not None:
-        payload["response_format"] = request.response_format
+        _copy_given(request, payload, ("tool_choice", "parallel_tool_calls"))
+    _copy_given(request, payload, _OPTIONS)
     if request.stream:
         payload["stream_options"] = {"include_usage": True}
     for key, value in request.extra.items():

@@ -25,7 +25,7 @@ import httpx
 import orjson
 import psutil
 
-from common.click_options import count_option
+from common.click_options import count_option, float_option
 from harness.receipt import RESULTS_DIR, write_receipt
 from k3.app import create_app
 from k3.bench import DIALECTS, ROUTES, client_request
@@ -196,13 +196,7 @@ UNITS = {"direct_ms": "ms", "proxied_ms": "ms", "added_ms": "ms", "floor_ms": "m
     show_default=True,
     help="Client kinds for the load levels: raw (hand-written HTTP/1.1 on sockets) and/or httpx.",
 )
-@click.option(
-    "--load-seconds",
-    type=click.FloatRange(1),
-    default=10.0,
-    show_default=True,
-    help="Seconds per load level.",
-)
+@float_option("--load-seconds", default=10.0, minimum=1, help="Seconds per load level.")
 @count_option(
     "--warm-streams",
     default=1000,
@@ -279,43 +273,32 @@ GATED = ("asgi.anthropic.json", "asgi.anthropic.stream", "asgi.responses.stream"
 
 
 @click.command("proxy-gate")
-@click.option(
+@float_option(
     "--max-regression",
-    type=float,
     default=75.0,
-    show_default=True,
     help="Allowed growth of the in-process (asgi) median added latency, in percent (docs/METHODS.md).",
 )
-@click.option(
+@float_option(
     "--max-regression-sockets",
-    type=float,
     default=300.0,
-    show_default=True,
     help="Allowed growth of the loopback-socket median added latency, in percent: scheduling noise on a "
     "loaded 2-core machine moves it far more than the in-process figure.",
 )
 @count_option("--iterations", default=300, minimum=2, help="Timed requests per case.")
-@click.option(
+@float_option(
     "--load-floor",
-    type=float,
     default=0.8,
-    show_default=True,
     help="Fail when turns/s with 32 streaming clients fall below this fraction of turns/s with 4, "
     "measured in the same run on a k3 that first served --warm-streams turns.",
 )
-@click.option(
-    "--load-seconds",
-    type=click.FloatRange(0.5),
-    default=3.0,
-    show_default=True,
-    help="Seconds per load round.",
+@float_option("--load-seconds", default=3.0, minimum=0.5, help="Seconds per load round.")
+@count_option(
+    "--warm-streams", default=1000, minimum=0, help="Streamed turns k3 serves before the load rounds."
 )
-@click.option("--warm-streams", type=click.IntRange(0), default=1000, show_default=True,
-              help="Streamed turns k3 serves before the load rounds.")  # fmt: skip
-@click.option("--confirm", type=click.IntRange(0), default=2, show_default=True,
+@count_option("--confirm", default=2, minimum=0,
               help="When the ratio is under --load-floor, measure it again this many times; the load check fails "
                    "only if it is under the floor every time. Errors and a k3 that stops serving fail at once.")  # fmt: skip
-@click.option("--confirm-pause", type=click.FloatRange(0), default=10.0, show_default=True,
+@float_option("--confirm-pause", default=10.0, minimum=0,
               help="Seconds to wait before each confirmation, so a passing burst of load is over.")  # fmt: skip
 @click.option(
     "--results",

@@ -11,6 +11,7 @@ import orjson
 
 from k3 import ir
 from k3.dialects.common import (
+    DEFAULT_SCHEMA,
     Turn,
     arguments_text,
     as_dict,
@@ -30,7 +31,6 @@ from k3.sse import named
 from k3.tools.ids import from_anthropic_id, to_anthropic_id
 
 ID_PREFIX = "msg_"
-DEFAULT_SCHEMA = {"type": "object", "properties": {}}
 
 STOP_REASONS = {
     "stop": "end_turn",

@@ -13,6 +13,7 @@ from k3.dialects.common import (
     as_dict,
     as_list,
     as_str,
+    function_tool,
     image_from_url,
     json_text,
     opt_bool,
@@ -26,7 +27,6 @@ from k3.sse import DONE, unnamed
 from k3.tools.ids import from_chat_id, new_call_id, to_chat_id
 
 ID_PREFIX = "chatcmpl-"
-DEFAULT_SCHEMA = {"type": "object", "properties": {}}
 
 # Keys with a meaning only on OpenAI's platform (or handled above): never forwarded to the engine.
 _CONSUMED = frozenset(
@@ -138,23 +138,9 @@ def _tools(value: Any, legacy: Any) -> list[ir.ToolDef]:
     items = as_list(value, "tools") if value is not None else []
     for i, tool in enumerate(items):
         tool = as_dict(tool, f"tools[{i}]")
-        function = tool.get("function", tool)  # nested (standard) or flattened
-        function = as_dict(function, f"tools[{i}].function")
-        name = as_str(function.get("name"), f"tools[{i}].function.name")
-        description = opt_str(function.get("description"), f"tools[{i}].function.description") or ""
-        params = function.get("parameters")
-        params = DEFAULT_SCHEMA if params is None else as_dict(params, f"tools[{i}].function.parameters")
-        tools.append(ir.ToolDef(name, description, params))
+        tools.append(function_tool(tool.get("function", tool), f"tools[{i}].function"))  # nested or flat
     for i, function in enumerate(as_list(legacy, "functions") if legacy is not None else []):
-        function = as_dict(function, f"functions[{i}]")
-        params = function.get("parameters")
-        tools.append(
-            ir.ToolDef(
-                as_str(function.get("name"), f"functions[{i}].name"),
-                opt_str(function.get("description"), f"functions[{i}].description") or "",
-                DEFAULT_SCHEMA if params is None else as_dict(params, f"functions[{i}].parameters"),
-            )
-        )
+        tools.append(function_tool(function, f"functions[{i}]"))
     return tools
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from k3.errors import bad_request
-from k3.ir import CanonicalRequest, ImagePart, Usage
+from k3.ir import CanonicalRequest, ImagePart, ToolDef, Usage
 from k3.presets import Preset
 
 
@@ -113,6 +113,20 @@ def out_of_range_int(value: Any, where: str = "") -> str | None:
             if found:
                 return found
     return None
+
+
+DEFAULT_SCHEMA = {"type": "object", "properties": {}}  # the parameters of a tool that declares none
+
+
+def function_tool(value: Any, where: str) -> ToolDef:
+    """An OpenAI function definition (name, description, JSON-schema parameters) found at `where`."""
+    function = as_dict(value, where)
+    params = function.get("parameters")
+    return ToolDef(
+        as_str(function.get("name"), f"{where}.name"),
+        opt_str(function.get("description"), f"{where}.description") or "",
+        DEFAULT_SCHEMA if params is None else as_dict(params, f"{where}.parameters"),
+    )
 
 
 def json_text(value: Any) -> str:

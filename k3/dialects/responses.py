@@ -19,6 +19,7 @@ from k3.dialects.common import (
     as_dict,
     as_list,
     as_str,
+    function_tool,
     image_from_url,
     json_text,
     opt_bool,
@@ -31,7 +32,6 @@ from k3.sse import typed
 from k3.tools.ids import from_responses_id, to_responses_id
 
 ID_PREFIX = "resp_"
-DEFAULT_SCHEMA = {"type": "object", "properties": {}}
 INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
 
 # ---------------------------------------------------------------------------------------------
@@ -163,15 +163,9 @@ def _tools(value: Any) -> list[ir.ToolDef]:
         tool = as_dict(tool, where)
         kind = tool.get("type", "function")
         if kind == "function":
-            function = as_dict(tool.get("function", tool), where)  # flat (Responses) or nested (Chat)
-            params = function.get("parameters")
             tools.append(
-                ir.ToolDef(
-                    as_str(function.get("name"), f"{where}.name"),
-                    opt_str(function.get("description"), f"{where}.description") or "",
-                    DEFAULT_SCHEMA if params is None else as_dict(params, f"{where}.parameters"),
-                )
-            )
+                function_tool(tool.get("function", tool), where)
+            )  # flat (Responses) or nested (Chat)
         elif kind == "custom":
             name = as_str(tool.get("name"), f"{where}.name")
             description = opt_str(tool.get("description"), f"{where}.description") or ""

@@ -40,6 +40,31 @@ class Parser(Protocol):
     def finish(self) -> list[Event]: ...
 
 
+class TokenStreamParser:
+    """Base of the control-token parsers: text arrives in `_buf`, `_drain` emits what is complete
+    (keeping a possible token start), and at the end `_flush` shows what the stream left unfinished."""
+
+    _buf: str
+
+    def feed(self, chunk: str) -> list[Event]:
+        self._buf += chunk
+        out: list[Event] = []
+        self._drain(out)
+        return out
+
+    def finish(self) -> list[Event]:
+        out: list[Event] = []
+        self._drain(out)
+        self._flush(out)
+        return out
+
+    def _drain(self, out: list[Event]) -> None:
+        raise NotImplementedError
+
+    def _flush(self, out: list[Event]) -> None:
+        raise NotImplementedError
+
+
 def merge_events(events: list[Event]) -> list[Event]:
     """Join adjacent Text (and adjacent Reasoning) events and drop empty ones.
 

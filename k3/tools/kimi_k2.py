@@ -16,7 +16,7 @@ import re
 
 from common.scan import find_first, held_suffix
 from k3.tools.arguments import coerce_raw
-from k3.tools.events import Event, Text, ToolCall
+from k3.tools.events import Event, Text, TokenStreamParser, ToolCall
 from k3.tools.ids import new_call_id
 
 SECTION_BEGIN = ("<|tool_calls_section_begin|>", "<|tool_call_section_begin|>")
@@ -29,7 +29,7 @@ TOKENS = (*SECTION_BEGIN, *SECTION_END, CALL_BEGIN, ARG_BEGIN, CALL_END)
 _HEADER = re.compile(r"(?P<prefix>functions?\.)?(?P<name>[^\s:]+)(?::(?P<index>\d+))?")
 
 
-class KimiK2Parser:
+class KimiK2Parser(TokenStreamParser):
     def __init__(self) -> None:
         self._buf = ""
         self._state = "text"  # text | section | header | args
@@ -39,22 +39,13 @@ class KimiK2Parser:
         self._body: list[str] = []  # text of the call part being read (header or arguments)
         self._ids: set[str] = set()
 
-    def feed(self, chunk: str) -> list[Event]:
-        self._buf += chunk
-        out: list[Event] = []
-        self._drain(out)
-        return out
-
-    def finish(self) -> list[Event]:
-        out: list[Event] = []
-        self._drain(out)
+    def _flush(self, out: list[Event]) -> None:
         rest = "".join(self._body) + self._buf
         if self._state in ("text", "section"):
             self._show_run(out, rest)
         else:
             out.append(Text(rest if self._state == "header" else self._header + rest))
         self._buf, self._body, self._state = "", [], "text"
-        return out
 
     def _drain(self, out: list[Event]) -> None:
         while True:

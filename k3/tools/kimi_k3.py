@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from common.scan import find_first, held_suffix
 from k3.tools.arguments import JSON_ERRORS
-from k3.tools.events import Event, Reasoning, Text, ToolCall
+from k3.tools.events import Event, Reasoning, Text, TokenStreamParser, ToolCall
 from k3.tools.ids import new_call_id
 
 OPEN, CLOSE, SEP, END = "<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"
@@ -116,7 +116,7 @@ def _json_matches(text: str, kind: str | None) -> bool:
     return kind is None or kind not in _TYPES or _TYPES[kind](value)
 
 
-class KimiK3Parser:
+class KimiK3Parser(TokenStreamParser):
     def __init__(self) -> None:
         self._buf = ""
         self._tag_kind: str | None = None  # OPEN or CLOSE while a tag header is being read
@@ -125,22 +125,13 @@ class KimiK3Parser:
         self._prose_run = False  # inside tools, the current run between tags has shown prose
         self._call: _Call | None = None
 
-    def feed(self, chunk: str) -> list[Event]:
-        self._buf += chunk
-        out: list[Event] = []
-        self._drain(out)
-        return out
-
-    def finish(self) -> list[Event]:
-        out: list[Event] = []
-        self._drain(out)
+    def _flush(self, out: list[Event]) -> None:
         # What is left is plain text, or an unterminated tag header shown as text.
         self._tag_kind = None
         self._text(out, self._buf, partial=False)
         self._buf = ""
         if self._call is not None:
             self._degrade_call(out, self._call)
-        return out
 
     # -- lexing --------------------------------------------------------------------------
 

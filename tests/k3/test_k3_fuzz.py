@@ -125,19 +125,10 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 
 
 @pytest.mark.parametrize("dialect", list(MODULES))
-def test_ingress_random_json_only_accepts_or_raises_400(dialect):
+@pytest.mark.parametrize("strategy", [bodies, mutated_captures], ids=["random_json", "mutated_captures"])
+def test_ingress_only_accepts_or_raises_400(dialect, strategy):
     @FUZZ
-    @given(bodies(dialect))
-    def run(body):
-        check_ingress(dialect, body)
-
-    run()
-
-
-@pytest.mark.parametrize("dialect", list(MODULES))
-def test_ingress_mutated_captures_only_accept_or_raise_400(dialect):
-    @FUZZ
-    @given(mutated_captures(dialect))
+    @given(strategy(dialect))
     def run(body):
         check_ingress(dialect, body)
 

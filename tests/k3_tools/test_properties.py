@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tools_support import chunks_at, normalise
@@ -174,40 +175,25 @@ def check_chunking(name: str, text: str, cuts: list[int]) -> None:
 CUTS = st.lists(st.integers(min_value=0, max_value=200), max_size=8)
 
 
-@SETTINGS
-@given(documents(K3_PIECES), CUTS)
-def test_kimi_k3_chunking(text, cuts):
-    check_chunking("kimi_k3", text, cuts)
+# Each parser's documents ("think" is the think splitter composed with the kimi parser).
+PIECES = {
+    "kimi_k3": K3_PIECES,
+    "kimi": K2_PIECES,
+    "hermes": HERMES_PIECES,
+    "json": JSON_PIECES,
+    "pythonic": PYTHONIC_PIECES,
+    "think": THINK_PIECES,
+}
 
 
-@SETTINGS
-@given(documents(K2_PIECES), CUTS)
-def test_kimi_chunking(text, cuts):
-    check_chunking("kimi", text, cuts)
+@pytest.mark.parametrize("name", list(PIECES))
+def test_chunking(name):
+    @SETTINGS
+    @given(documents(PIECES[name]), CUTS)
+    def run(text, cuts):
+        check_chunking(name, text, cuts)
 
-
-@SETTINGS
-@given(documents(HERMES_PIECES), CUTS)
-def test_hermes_chunking(text, cuts):
-    check_chunking("hermes", text, cuts)
-
-
-@SETTINGS
-@given(documents(JSON_PIECES), CUTS)
-def test_json_chunking(text, cuts):
-    check_chunking("json", text, cuts)
-
-
-@SETTINGS
-@given(documents(PYTHONIC_PIECES), CUTS)
-def test_pythonic_chunking(text, cuts):
-    check_chunking("pythonic", text, cuts)
-
-
-@SETTINGS
-@given(documents(THINK_PIECES), CUTS)
-def test_think_splitter_composed_with_kimi_chunking(text, cuts):
-    check_chunking("think", text, cuts)
+    run()
 
 
 @SETTINGS

@@ -8,11 +8,12 @@ from engine.kernels.defaults import SHIPPED_DEFAULTS
 from engine.quant import decode_bytes_per_token, make_plan
 from engine.runtime import Engine, open_model_source
 from engine.runtime.decode import DecodeRunner
-from harness.receipt import load_receipt, receipt_paths
+from harness.receipt import receipt_paths
 from runners.bandwidth import copy_bandwidth_gbs
 from runners.cli import main
 from runners.decode import WARMUP_TOKENS, measure
 from runners.roofline import state_bytes_per_token, weight_bytes_per_token
+from tests.runners.runner_support import run_for_receipts
 from tests.runtime.runtime_support import write_tiny_artifact
 
 
@@ -57,13 +58,11 @@ def test_state_bytes_grow_with_context_only_in_mla_layers():
 
 
 def test_decode_runner_writes_one_valid_receipt_per_context(tmp_path):
-    result = CliRunner().invoke(
-        main,
+    receipts = run_for_receipts(
         ["decode", "--synthetic", "tiny", "--contexts", "5,9", "--gen-tokens", "3", "--repeats", "2",
-         "--threads", "1", "--results", str(tmp_path), "--no-regenerate"],
+         "--threads", "1"],
+        tmp_path,
     )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    receipts = [load_receipt(p) for p in receipt_paths(tmp_path)]
     assert sorted(r["config"]["context"] for r in receipts) == [5, 9]
     for r in receipts:
         assert r["suite"] == "decode" and "synthetic weights" in r["notes"]
@@ -106,13 +105,10 @@ def test_measure_refuses_an_engine_with_a_prefix_cache():
 
 def test_an_int4_artifact_is_measured_as_it_is(tmp_path):
     _, artifact = write_tiny_artifact(tmp_path)
-    result = CliRunner().invoke(
-        main,
-        ["decode", "--weights", str(artifact), "--contexts", "5", "--gen-tokens", "2", "--repeats", "1",
-         "--results", str(tmp_path / "results"), "--no-regenerate"],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    (receipt,) = map(load_receipt, receipt_paths(tmp_path / "results"))
+    (receipt,) = run_for_receipts(
+        ["decode", "--weights", str(artifact), "--contexts", "5", "--gen-tokens", "2", "--repeats", "1"],
+        tmp_path / "results",
+    )
     assert receipt["name"] == f"artifact.{default_dtype_name('cpu')}.plan-default.kernels-default.ctx5.b1"
     assert (
         receipt["config"]["quant"] == "default"
@@ -137,13 +133,12 @@ def test_packed_bytes_count_top_k_and_shared_slots_and_the_head_at_its_precision
 
 
 def test_quantised_run_records_the_bound_kernel_of_every_operation(tmp_path):
-    result = CliRunner().invoke(
-        main,
+    written = run_for_receipts(
         ["decode", "--synthetic", "tiny", "--quant", "default", "--kernels", "default,reference",
-         "--contexts", "5", "--gen-tokens", "2", "--repeats", "1", "--results", str(tmp_path), "--no-regenerate"],
+         "--contexts", "5", "--gen-tokens", "2", "--repeats", "1"],
+        tmp_path,
     )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    receipts = {r["config"]["kernels"]: r for r in map(load_receipt, receipt_paths(tmp_path))}
+    receipts = {r["config"]["kernels"]: r for r in written}
     assert set(receipts) == {"default", "reference"}
     for selection, r in receipts.items():
         assert (

@@ -1,18 +1,18 @@
 from click.testing import CliRunner
 
-from harness.receipt import load_receipt, receipt_paths, write_receipt
+from harness.receipt import load_receipt, write_receipt
 from runners import proxy_load
 from runners.cli import main
+from tests.runners.runner_support import run_for_receipts
 
 
 def test_proxy_runner_writes_receipts_for_every_mode(tmp_path):
-    result = CliRunner().invoke(
-        main,
+    written = run_for_receipts(
         ["proxy", "--iterations", "6", "--warmup", "1", "--clients", "1,3", "--load-seconds", "1",
-         "--warm-streams", "20", "--results", str(tmp_path), "--no-regenerate"],
+         "--warm-streams", "20"],
+        tmp_path,
     )  # fmt: skip
-    assert result.exit_code == 0, result.output
-    receipts = {r["name"]: r for r in map(load_receipt, receipt_paths(tmp_path))}
+    receipts = {r["name"]: r for r in written}
     for mode in ("asgi", "sockets"):
         for dialect in ("anthropic", "chat", "responses"):
             for kind in ("json", "stream"):
