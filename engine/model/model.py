@@ -119,14 +119,15 @@ class KimiLinearForCausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype, device=device)
         self.requires_grad_(False)
 
-    # Read from the embedding, which every weight format keeps dense: the head may be a packed module.
+    # Read from the final norm, which every weight format keeps dense: the embedding and the head may be
+    # packed modules.
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        return self.model.norm.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return self.model.norm.weight.device
 
     def new_cache(self, max_len: int, *, batch_size: int = 1) -> SequenceCache:
         return SequenceCache(

@@ -56,7 +56,7 @@ _WHY = {
     "mla_latent_projection": "writes the cached latent; small",
     "kda_control": "recurrence controls (decay, beta, gates, convolutions); small",
     "norm": "tiny and sensitive",
-    "embedding": "one row read per token",
+    "embedding": "one row read per token; as INT4, each looked-up row is dequantised alone",
     "lm_head": "logits are sensitive; precision is a plan option",
 }
 
@@ -165,6 +165,11 @@ PLANS: dict[str, Plan] = {
         ),
         Plan("int8-head", "default with an INT8 LM head", {**_BASE, "lm_head": "int8"}),
         Plan("int4-head", "default with an INT4 LM head", {**_BASE, "lm_head": "int4"}),
+        Plan(
+            "int4-embed",
+            "int4-head with the token embedding in INT4 too (group-wise; a lookup dequantises only its rows)",
+            {**_BASE, "lm_head": "int4", "embedding": "int4"},
+        ),
         Plan(
             "shared-bf16", "default with the shared experts kept in BF16", {**_BASE, "shared_expert": "keep"}
         ),
