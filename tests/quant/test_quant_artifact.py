@@ -188,6 +188,33 @@ def test_group_64_and_int8_head(tiny_checkpoint, tmp_path):
     assert verify_artifact(tmp_path / "a", sample=None).ok
 
 
+def test_mse_rounding_artifact_verifies_and_a_swap_fails_its_bound(tiny_checkpoint, tmp_path):
+    """The searched scales keep the artifact's layout; verify bounds each group by the absmax encoding's error."""
+    build_artifact(tiny_checkpoint, tmp_path / "a", make_plan("int4-embed-mse"), max_shard_bytes=SHARD_BYTES)
+    manifest = read_manifest(tmp_path / "a")
+    assert manifest["plan"]["rounding"] == "mse" and manifest["codec"]["int4"]["code_range"] == [-8, 7]
+    assert manifest["tensors"]["model.embed_tokens.weight"]["precision"] == "int4"
+    report = verify_artifact(tmp_path / "a", sample=None)
+    assert report.ok and 0 < max(r.worst_ratio for r in report.roundtrips) <= 1, report.summary()
+    assert verify_artifact(tmp_path / "a", use_recorded_source=False, sample=None).ok
+    entry = manifest["tensors"]["model.layers.3.block_sparse_moe.expert_bank.w2"]
+    codes = entry["parts"]["codes"]
+
+    def swap(tensors):
+        bank = tensors[codes["key"]].clone()
+        bank[[2, 3]] = bank[[3, 2]]
+        tensors[codes["key"]] = bank
+
+    _rewrite_shard(tmp_path / "a", codes["shard"], swap)
+    with safe_open(tmp_path / "a" / codes["shard"], "pt") as f:
+        codes["sha256"] = sha256_tensor(f.get_tensor(codes["key"]))
+    manifest["shards"][codes["shard"]]["sha256"] = sha256_file(tmp_path / "a" / codes["shard"])
+    manifest["shards"][codes["shard"]]["bytes"] = (tmp_path / "a" / codes["shard"]).stat().st_size
+    write_manifest(tmp_path / "a", manifest)
+    named = {str(p).split(" (")[0] for p in verify_artifact(tmp_path / "a", sample=None).problems}
+    assert named == {f"model.layers.3.block_sparse_moe.expert_bank.w2 slot {s}" for s in (2, 3)}
+
+
 def test_refuses_unknown_tensors_and_leaves_nothing_behind(tmp_path):
     source = write_checkpoint(tmp_path / "src", shards=1)
     (source / "config.json").unlink()
