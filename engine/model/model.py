@@ -85,7 +85,10 @@ class KimiLinearModel(nn.Module):
         device=None,
     ):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        # An nn.Embedding, or a quantised table with the same forward (engine.quant.packed.PackedEmbedding).
+        self.embed_tokens: nn.Module = nn.Embedding(
+            cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device
+        )
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, i, kda_chunked_kernel=kda_chunked_kernel, dtype=dtype, device=device)
             for i in range(cfg.num_hidden_layers)

@@ -347,12 +347,9 @@ def _install_linear(
 
 
 def _install_embedding(model: KimiLinearForCausalLM, weight: LinearWeight, dtype: torch.dtype) -> None:
-    dense = model.model.embed_tokens
-    if weight.shape != (dense.num_embeddings, dense.embedding_dim):
-        raise ArtifactError(
-            f"model.embed_tokens: stored shape {weight.shape}, the model needs "
-            f"{(dense.num_embeddings, dense.embedding_dim)}"
-        )
+    needed = (model.config.vocab_size, model.config.hidden_size)
+    if weight.shape != needed:
+        raise ArtifactError(f"model.embed_tokens: stored shape {weight.shape}, the model needs {needed}")
     model.model.embed_tokens = PackedEmbedding(weight, dtype=dtype)
 
 
