@@ -127,24 +127,27 @@ def test_swapped_tensors_are_named_as_swapped(damaged):
     ), problems
 
 
-def test_swapped_experts_with_consistent_hashes_fail_the_round_trip(damaged):
-    """A builder bug that mislabels experts is invisible to hashes; the round trip names the slots."""
-    manifest = read_manifest(damaged)
-    entry = manifest["tensors"]["model.layers.3.block_sparse_moe.expert_bank.w2"]
-    codes = entry["parts"]["codes"]
+def _swap_bank_slots_keeping_hashes(directory: Path) -> None:
+    """Swap slots 2 and 3 of layer 3's w2 bank and re-record every hash: a mislabelling builder."""
+    manifest = read_manifest(directory)
+    codes = manifest["tensors"]["model.layers.3.block_sparse_moe.expert_bank.w2"]["parts"]["codes"]
 
     def swap(tensors):
         bank = tensors[codes["key"]].clone()
         bank[[2, 3]] = bank[[3, 2]]
         tensors[codes["key"]] = bank
 
-    _rewrite_shard(damaged, codes["shard"], swap)
-    with safe_open(damaged / codes["shard"], "pt") as f:
+    _rewrite_shard(directory, codes["shard"], swap)
+    with safe_open(directory / codes["shard"], "pt") as f:
         codes["sha256"] = sha256_tensor(f.get_tensor(codes["key"]))
-    manifest["shards"][codes["shard"]]["sha256"] = sha256_file(damaged / codes["shard"])
-    manifest["shards"][codes["shard"]]["bytes"] = (damaged / codes["shard"]).stat().st_size
-    write_manifest(damaged, manifest)
+    manifest["shards"][codes["shard"]]["sha256"] = sha256_file(directory / codes["shard"])
+    manifest["shards"][codes["shard"]]["bytes"] = (directory / codes["shard"]).stat().st_size
+    write_manifest(directory, manifest)
 
+
+def test_swapped_experts_with_consistent_hashes_fail_the_round_trip(damaged):
+    """A builder bug that mislabels experts is invisible to hashes; the round trip names the slots."""
+    _swap_bank_slots_keeping_hashes(damaged)
     assert verify_artifact(damaged, use_recorded_source=False, sample=None).ok  # hashes alone cannot tell
     problems = [str(p) for p in verify_artifact(damaged, sample=None).problems]
     named = {p.split(" (")[0] for p in problems}
@@ -197,20 +200,7 @@ def test_mse_rounding_artifact_verifies_and_a_swap_fails_its_bound(tiny_checkpoi
     report = verify_artifact(tmp_path / "a", sample=None)
     assert report.ok and 0 < max(r.worst_ratio for r in report.roundtrips) <= 1, report.summary()
     assert verify_artifact(tmp_path / "a", use_recorded_source=False, sample=None).ok
-    entry = manifest["tensors"]["model.layers.3.block_sparse_moe.expert_bank.w2"]
-    codes = entry["parts"]["codes"]
-
-    def swap(tensors):
-        bank = tensors[codes["key"]].clone()
-        bank[[2, 3]] = bank[[3, 2]]
-        tensors[codes["key"]] = bank
-
-    _rewrite_shard(tmp_path / "a", codes["shard"], swap)
-    with safe_open(tmp_path / "a" / codes["shard"], "pt") as f:
-        codes["sha256"] = sha256_tensor(f.get_tensor(codes["key"]))
-    manifest["shards"][codes["shard"]]["sha256"] = sha256_file(tmp_path / "a" / codes["shard"])
-    manifest["shards"][codes["shard"]]["bytes"] = (tmp_path / "a" / codes["shard"]).stat().st_size
-    write_manifest(tmp_path / "a", manifest)
+    _swap_bank_slots_keeping_hashes(tmp_path / "a")
     named = {str(p).split(" (")[0] for p in verify_artifact(tmp_path / "a", sample=None).problems}
     assert named == {f"model.layers.3.block_sparse_moe.expert_bank.w2 slot {s}" for s in (2, 3)}
 
