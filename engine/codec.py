@@ -11,6 +11,11 @@ Conventions (see docs/INT4.md):
 - INT4 packs two codes per byte: input ``2j`` in the **low** nibble, ``2j+1`` in the **high** nibble,
   each a two's-complement 4-bit value;
 - dequantised value = ``code * scale`` in FP32, which is exact (a BF16/FP16 scale times a small integer).
+
+Rounding ``"mse"`` keeps that layout but chooses each group's scale by a small search (as llama.cpp's
+``make_qx_quants`` does): candidate scales around ``absmax / QMAX``, each refined to the least-squares scale
+of its codes, with codes over the decoders' full range ``[-QMAX-1, QMAX]``; the group keeps whichever of the
+candidates and the ``absmax`` encoding has the smallest squared error, so it is never worse than ``absmax``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,10 @@ INT4_MAX = 7
 INT8_MAX = 127
 FORMATS = ("int4", "int8", "dense")
 SCALE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+ROUNDINGS = ("absmax", "mse")
+# "mse" search: candidate scales absmax / (QMAX * ratio), from a scale that clips the largest values to one
+# that leaves the top code unused.
+_MSE_RATIOS = tuple(0.85 + 0.015 * i for i in range(26))
 
 
 class CodecError(ValueError):
@@ -98,17 +107,54 @@ def _groups_and_absmax(weight: torch.Tensor, group_size: int) -> tuple[torch.Ten
     return grouped, absmax
 
 
+def _stored_scales(scales: torch.Tensor, scale_dtype: torch.dtype) -> torch.Tensor:
+    scales = scales.to(scale_dtype)
+    # An all-zero (or underflowing) group encodes as zeros under any scale; 1.0 keeps decoding finite.
+    return torch.where(scales == 0, torch.ones_like(scales), scales)
+
+
+def _codes(grouped: torch.Tensor, scales: torch.Tensor, low: int, qmax: int) -> torch.Tensor:
+    """Nearest codes against the stored scales (one grid for encoder and decoder)."""
+    return torch.round(grouped / scales.float().unsqueeze(-1)).clamp_(low, qmax)
+
+
+def _squared_error(grouped: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    return (codes * scales.float().unsqueeze(-1) - grouped).square().sum(-1)
+
+
 def _scales_and_codes(
-    weight: torch.Tensor, group_size: int, qmax: int, scale_dtype: torch.dtype
+    weight: torch.Tensor, group_size: int, qmax: int, scale_dtype: torch.dtype, rounding: str = "absmax"
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if rounding not in ROUNDINGS:
+        raise CodecError(f"unknown rounding {rounding!r}; expected one of {ROUNDINGS}")
     grouped, absmax = _groups_and_absmax(weight, group_size)
-    scales = (absmax / qmax).to(scale_dtype)
+    scales = _stored_scales(absmax / qmax, scale_dtype)
     if not torch.isfinite(scales).all():
         raise CodecError(f"a group scale overflows {scale_dtype}; use BF16 scales")
-    # An all-zero (or underflowing) group encodes as zeros under any scale; 1.0 keeps decoding finite.
-    scales = torch.where(scales == 0, torch.ones_like(scales), scales)
-    codes = torch.round(grouped / scales.float().unsqueeze(-1)).clamp_(-qmax, qmax)
+    codes = _codes(grouped, scales, -qmax, qmax)
+    if rounding == "mse":
+        codes, scales = _search_scales(grouped, absmax, codes, scales, qmax, scale_dtype)
     return codes.reshape(weight.shape).to(torch.int8), scales
+
+
+def _search_scales(grouped, absmax, codes, scales, qmax: int, scale_dtype: torch.dtype):
+    """Per group, the candidate scale (and its codes) with the smallest squared error; the given
+    ``absmax`` encoding is the first candidate, replaced only by a strictly smaller error."""
+    best = _squared_error(grouped, codes, scales)
+    for ratio in _MSE_RATIOS:
+        trial = _codes(
+            grouped, (absmax / (qmax * ratio)).clamp_min(torch.finfo(torch.float32).tiny), -qmax - 1, qmax
+        )
+        # The least-squares scale of these codes, then the nearest codes against it once stored.
+        fitted = (trial * grouped).sum(-1) / trial.square().sum(-1).clamp_min(1)
+        candidate = _stored_scales(fitted, scale_dtype)
+        trial = _codes(grouped, candidate, -qmax - 1, qmax)
+        error = _squared_error(grouped, trial, candidate)
+        better = (error < best) & torch.isfinite(candidate.float()) & (candidate > 0)  # NaN compares false
+        best = torch.where(better, error, best)
+        scales = torch.where(better, candidate, scales)
+        codes = torch.where(better.unsqueeze(-1), trial, codes)
+    return codes, scales
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
@@ -130,14 +176,19 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 
 
 def quantize(
-    weight: torch.Tensor, fmt: str, group_size: int, scale_dtype: torch.dtype = torch.bfloat16
+    weight: torch.Tensor,
+    fmt: str,
+    group_size: int,
+    scale_dtype: torch.dtype = torch.bfloat16,
+    rounding: str = "absmax",
 ) -> LinearWeight:
-    """Encode a float weight ``[..., N, K]`` as ``int4`` or ``int8`` with per-group scales."""
+    """Encode a float weight ``[..., N, K]`` as ``int4`` or ``int8`` with per-group scales, chosen by
+    ``rounding`` (``"absmax"``: absmax / QMAX; ``"mse"``: the squared-error search)."""
     if fmt == "int4":
-        codes, scales = _scales_and_codes(weight, group_size, INT4_MAX, scale_dtype)
+        codes, scales = _scales_and_codes(weight, group_size, INT4_MAX, scale_dtype, rounding)
         return LinearWeight("int4", pack_int4(codes), scales, group_size)
     if fmt == "int8":
-        codes, scales = _scales_and_codes(weight, group_size, INT8_MAX, scale_dtype)
+        codes, scales = _scales_and_codes(weight, group_size, INT8_MAX, scale_dtype, rounding)
         return LinearWeight("int8", codes, scales, group_size)
     raise CodecError(f"cannot quantise to {fmt!r}; expected 'int4' or 'int8'")
 
@@ -172,6 +223,14 @@ def roundtrip_error_bound(weight: LinearWeight) -> torch.Tensor:
     group, scales = group_scales(weight)
     half_step = 0.5 * scales.float() * (1 + 2**-16)
     return half_step.repeat_interleave(group, dim=-1)
+
+
+def group_squared_error(weight: LinearWeight, original: torch.Tensor) -> torch.Tensor:
+    """Squared error of each group of a quantised weight against ``original`` (FP32, ``[..., N, K/G]``)."""
+    group, scales = group_scales(weight)
+    codes = integer_codes(weight).float()
+    grouped = original.float().reshape(*codes.shape[:-1], codes.shape[-1] // group, group)
+    return _squared_error(grouped, codes.reshape(grouped.shape), scales)
 
 
 def group_scales(weight: LinearWeight) -> tuple[int, torch.Tensor]:

@@ -624,25 +624,30 @@ def perplexity_vs_bits(frame: pd.DataFrame) -> dict | None:
 
 
 def draw_perplexity_vs_bits(data: dict) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(7.2, 4.2), layout="constrained")
+    """One panel per model (each its own perplexity scale): our plans and llama.cpp's quants of it."""
     models = sorted({s["model"] for s in data["series"]})
-    for s in data["series"]:
-        color = series_style(models.index(s["model"]))["color"]
-        marker = "o" if s["source"] == "ours" else "s"
-        xs, ys = [p["bits_per_weight"] for p in s["points"]], [p["perplexity"] for p in s["points"]]
-        ax.scatter(xs, ys, color=color, marker=marker, label=text(f"{s['source']} · {s['model']}"), zorder=3)
-        for p in s["points"]:
-            ax.annotate(text(p["label"]), (p["bits_per_weight"], p["perplexity"]), fontsize=6,
-                        xytext=(3, 3), textcoords="offset points")  # fmt: skip
-    for ref in data["references"]:
-        color = series_style(models.index(ref["model"]))["color"] if ref["model"] in models else NEUTRAL
-        ax.axhline(ref["perplexity"], color=color, linewidth=0.8, linestyle="--",
-                   label=text(f"unquantised · {ref['model']}"))  # fmt: skip
-    ax.set_xlabel(text("stored bits per weight (every tensor counted)"))
-    ax.set_ylabel(text("held-out perplexity"))
-    ax.set_title(title(data))
-    ax.legend(fontsize=6)
-    ax.grid(alpha=0.3)
+    fig, axes = plt.subplots(1, len(models), figsize=(1.0 + 4.2 * len(models), 4.2), layout="constrained",
+                             squeeze=False)  # fmt: skip
+    sources = sorted({s["source"] for s in data["series"]}, key=lambda s: s != "ours")
+    references = {ref["model"]: ref["perplexity"] for ref in data["references"]}
+    for ax, model in zip(axes[0], models, strict=True):
+        for s in (s for s in data["series"] if s["model"] == model):
+            style = series_style(sources.index(s["source"]))
+            marker = "o" if s["source"] == "ours" else "s"
+            xs, ys = [p["bits_per_weight"] for p in s["points"]], [p["perplexity"] for p in s["points"]]
+            ax.scatter(xs, ys, color=style["color"], marker=marker, label=text(s["source"]), zorder=3)
+            for p in s["points"]:
+                ax.annotate(text(p["label"]), (p["bits_per_weight"], p["perplexity"]), fontsize=6,
+                            xytext=(3, 3), textcoords="offset points")  # fmt: skip
+        if model in references:
+            ax.axhline(references[model], color=NEUTRAL, linewidth=0.8, linestyle="--",
+                       label=text("unquantised"))  # fmt: skip
+        ax.set_title(text(model), fontsize=8)
+        ax.set_xlabel(text("stored bits per weight (every tensor counted)"))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel(text("held-out perplexity"))
+    fig.suptitle(title(data))
     return fig
 
 

@@ -52,7 +52,7 @@ def fill(model: KimiLinearForCausalLM, source: WeightSource) -> None:
 def stored_value(weight: torch.Tensor, precision: str, plan: Plan) -> torch.Tensor | None:
     """The value a tensor takes once stored at `precision` and read back; None when it is kept as is."""
     if precision in ("int4", "int8"):
-        return dequantize(quantize(weight, precision, plan.group_size, plan.scale_torch_dtype))
+        return dequantize(quantize(weight, precision, plan.group_size, plan.scale_torch_dtype, plan.rounding))
     if precision == "bf16":
         return weight.to(torch.bfloat16)
     return None

@@ -85,7 +85,10 @@ class KimiLinearModel(nn.Module):
         device=None,
     ):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device)
+        # An nn.Embedding, or a quantised table with the same forward (engine.quant.packed.PackedEmbedding).
+        self.embed_tokens: nn.Module = nn.Embedding(
+            cfg.vocab_size, cfg.hidden_size, dtype=dtype, device=device
+        )
         self.layers = nn.ModuleList(
             DecoderLayer(cfg, i, kda_chunked_kernel=kda_chunked_kernel, dtype=dtype, device=device)
             for i in range(cfg.num_hidden_layers)
@@ -119,14 +122,15 @@ class KimiLinearForCausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, dtype=dtype, device=device)
         self.requires_grad_(False)
 
-    # Read from the embedding, which every weight format keeps dense: the head may be a packed module.
+    # Read from the final norm, which every weight format keeps dense: the embedding and the head may be
+    # packed modules.
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.embed_tokens.weight.dtype
+        return self.model.norm.weight.dtype
 
     @property
     def device(self) -> torch.device:
-        return self.model.embed_tokens.weight.device
+        return self.model.norm.weight.device
 
     def new_cache(self, max_len: int, *, batch_size: int = 1) -> SequenceCache:
         return SequenceCache(

@@ -6,7 +6,7 @@ from engine.quant.artifact import Artifact, ArtifactVerificationError, StoredExp
 from engine.quant.budget import TokenBytes, decode_bytes_per_token
 from engine.quant.build import build_artifact
 from engine.quant.manifest import ArtifactError
-from engine.quant.packed import PackedExpertBank, PackedLinear
+from engine.quant.packed import PackedEmbedding, PackedExpertBank, PackedLinear
 from engine.quant.plan import PLANS, Plan, make_plan
 from engine.quant.quantized_model import (
     kernel_variants,
@@ -25,6 +25,7 @@ __all__ = [
     "ArtifactError",
     "ArtifactVerificationError",
     "LinearWeight",
+    "PackedEmbedding",
     "PackedExpertBank",
     "PackedLinear",
     "Plan",

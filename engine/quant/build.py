@@ -149,7 +149,7 @@ class _ShardWriter:
 def _encode(tensor: torch.Tensor, precision: str, plan: Plan) -> dict[str, torch.Tensor]:
     """The stored parts (``codes``/``scales`` or ``tensor``) of one source tensor, on its device."""
     if precision in ("int4", "int8"):
-        weight = quantize(tensor, precision, plan.group_size, plan.scale_torch_dtype)
+        weight = quantize(tensor, precision, plan.group_size, plan.scale_torch_dtype, plan.rounding)
         return {"codes": weight.data, "scales": group_scales(weight)[1]}
     if precision == "bf16":
         return {"tensor": tensor.to(torch.bfloat16)}
@@ -210,14 +210,25 @@ def _check_layout(source: SourceCheckpoint) -> bool:
 
 
 def _codec_json(plan: Plan) -> dict:
+    mse = plan.rounding == "mse"  # codes may use the decoders' full range
     return {
         "name": "symmetric-grouped",
         "group_axis": "input (last) axis",
         "group_size": plan.group_size,
         "scale_dtype": plan.scale_dtype,
-        "scale_rule": "scale = absmax(group) / qmax rounded to scale_dtype; 1.0 for an all-zero group",
-        "int4": {"code_range": [-INT4_MAX, INT4_MAX], "packing": NIBBLE_ORDER, "nibbles": "two's complement"},
-        "int8": {"code_range": [-INT8_MAX, INT8_MAX]},
+        "rounding": plan.rounding,
+        "scale_rule": (
+            "per group, the smallest squared error of absmax / qmax and least-squares scales searched around "
+            "it (engine/codec.py), rounded to scale_dtype"
+            if mse
+            else "scale = absmax(group) / qmax rounded to scale_dtype; 1.0 for an all-zero group"
+        ),
+        "int4": {
+            "code_range": [-INT4_MAX - mse, INT4_MAX],
+            "packing": NIBBLE_ORDER,
+            "nibbles": "two's complement",
+        },
+        "int8": {"code_range": [-INT8_MAX - mse, INT8_MAX]},
         "dequantize": "code * scale in FP32",
     }
 

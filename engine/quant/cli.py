@@ -9,7 +9,7 @@ import click
 import torch
 
 from common.click_options import count_option
-from engine.codec import SCALE_DTYPES, CodecError
+from engine.codec import ROUNDINGS, SCALE_DTYPES, CodecError
 from engine.progress import stderr_progress
 from engine.quant.build import build_artifact
 from engine.quant.manifest import ArtifactError
@@ -38,17 +38,22 @@ Plans: {_plan_help()}.""",
 @click.option("--group-size", type=int, help="Inputs per scale (power of two >= 16; plan default 32).")
 @click.option("--lm-head", type=click.Choice(HEAD_PRECISIONS), help="Override the plan's LM head precision.")
 @click.option("--scale-dtype", type=click.Choice(sorted(SCALE_DTYPES)), help="Override the scale dtype.")
+@click.option("--rounding", type=click.Choice(ROUNDINGS),
+              help="Override how group scales are chosen: absmax / qmax, or a search minimising each group's "
+              "squared error (mse; same layout and size).")  # fmt: skip
 @count_option("--shard-mib", default=2048, help="Output shard size.")
 @click.option("--device", default="auto", show_default=True, help="Where to quantise: cpu, cuda, or auto.")
 @click.option("--force", is_flag=True, help="Replace DST if it is an existing artifact.")
 @click.option(
     "--verify/--no-verify", default=True, show_default=True, help="Verify the artifact once written."
 )
-def quantize(src, dst, plan_name, group_size, lm_head, scale_dtype, shard_mib, device, force, verify) -> None:
+def quantize(src, dst, plan_name, group_size, lm_head, scale_dtype, rounding, shard_mib, device, force, verify) -> None:  # fmt: skip
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
-        plan = make_plan(plan_name, group_size=group_size, lm_head=lm_head, scale_dtype=scale_dtype)
+        plan = make_plan(
+            plan_name, group_size=group_size, lm_head=lm_head, scale_dtype=scale_dtype, rounding=rounding
+        )
         manifest = build_artifact(
             src,
             dst,

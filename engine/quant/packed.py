@@ -2,7 +2,8 @@
 
 `PackedLinear` replaces an `engine.model.linear.Linear` (INT4 / INT8 codes + scales, or a dense matrix at the
 plan's precision, e.g. the BF16 LM head); `PackedExpertBank` replaces a layer's `ExpertBank` (INT4 banks
-whose last slot may be the shared expert). Both take the registry's selections at construction (or
+whose last slot may be the shared expert); `PackedEmbedding` replaces the token embedding (INT4 / INT8 rows,
+each looked-up row dequantised on its own: no kernel, no dense copy). Both take the registry's selections at construction (or
 `bind`) and call the bound functions directly, so a decode step does no registry lookups.
 
 A variant that reads its own weight layout (``Variant.pack``, e.g. torch's CPU int4pack) gets its packed
@@ -138,6 +139,37 @@ class PackedInputGroup:
             return None
         y = first._gemv(rows, self.data, self.scales, first.group_size)
         return [part.view(*x.shape[:-1], part.shape[-1]) for part in y.split(self.sizes, -1)]
+
+
+class PackedEmbedding(nn.Module):
+    """The token embedding stored as quantised rows ``[V, H]``: a lookup gathers only the looked-up rows'
+    codes and scales and dequantises them (exact in FP32, then the model's dtype, as the dense model holding
+    the dequantised table would)."""
+
+    data: torch.Tensor  # buffers
+    scales: torch.Tensor
+
+    def __init__(self, weight: LinearWeight, *, dtype: torch.dtype):
+        super().__init__()
+        if weight.format == "dense" or weight.data.ndim != 2:
+            raise ValueError(
+                f"a packed embedding needs quantised [V, H] rows, got {weight.format} {weight.shape}"
+            )
+        self.format, self.group_size = weight.format, weight.group_size
+        self.num_embeddings, self.embedding_dim = weight.shape
+        self.dtype = dtype
+        self.register_buffer("data", weight.data)
+        self.register_buffer("scales", weight.scales)
+
+    def forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        ids = token_ids.reshape(-1)
+        rows = LinearWeight(self.format, self.data[ids], self.scales[ids], self.group_size)
+        return dequantize(rows, self.dtype).view(*token_ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.num_embeddings}, {self.embedding_dim}, format={self.format}, group_size={self.group_size}"
+        )
 
 
 class PackedExpertBank(nn.Module):

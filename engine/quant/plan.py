@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from engine.codec import SCALE_DTYPES
+from engine.codec import ROUNDINGS, SCALE_DTYPES
 
 # Storage precisions: "int4" / "int8" (codec.py), "bf16" (cast to BF16), "keep" (as in the checkpoint).
 PRECISIONS = ("int4", "int8", "bf16", "keep")
@@ -56,7 +56,7 @@ _WHY = {
     "mla_latent_projection": "writes the cached latent; small",
     "kda_control": "recurrence controls (decay, beta, gates, convolutions); small",
     "norm": "tiny and sensitive",
-    "embedding": "one row read per token",
+    "embedding": "one row read per token; as INT4, each looked-up row is dequantised alone",
     "lm_head": "logits are sensitive; precision is a plan option",
 }
 
@@ -106,6 +106,7 @@ class Plan:
     precisions: dict[str, str] = field(default_factory=lambda: dict(_BASE))
     group_size: int = 32
     scale_dtype: str = "bf16"
+    rounding: str = "absmax"  # how group scales are chosen (engine/codec.py); the stored layout is the same
 
     def __post_init__(self) -> None:
         if set(self.precisions) != set(_BASE):
@@ -120,6 +121,8 @@ class Plan:
             raise PlanError(f"group size must be a power of two >= 16, got {self.group_size}")
         if self.scale_dtype not in SCALE_DTYPES:
             raise PlanError(f"scale dtype must be one of {sorted(SCALE_DTYPES)}, got {self.scale_dtype!r}")
+        if self.rounding not in ROUNDINGS:
+            raise PlanError(f"rounding must be one of {ROUNDINGS}, got {self.rounding!r}")
 
     @property
     def scale_torch_dtype(self) -> torch.dtype:
@@ -143,6 +146,7 @@ class Plan:
             "description": self.description,
             "group_size": self.group_size,
             "scale_dtype": self.scale_dtype,
+            "rounding": self.rounding,
             "precisions": dict(self.precisions),
         }
 
@@ -154,6 +158,7 @@ class Plan:
             precisions=dict(data["precisions"]),
             group_size=int(data["group_size"]),
             scale_dtype=data["scale_dtype"],
+            rounding=data.get("rounding", "absmax"),  # artifacts written before the option: absmax
         )
 
 
@@ -166,6 +171,17 @@ PLANS: dict[str, Plan] = {
         Plan("int8-head", "default with an INT8 LM head", {**_BASE, "lm_head": "int8"}),
         Plan("int4-head", "default with an INT4 LM head", {**_BASE, "lm_head": "int4"}),
         Plan(
+            "int4-embed",
+            "int4-head with the token embedding in INT4 too (group-wise; a lookup dequantises only its rows)",
+            {**_BASE, "lm_head": "int4", "embedding": "int4"},
+        ),
+        Plan(
+            "int4-embed-mse",
+            "int4-embed with each group's scale chosen by a squared-error search (same layout and bits)",
+            {**_BASE, "lm_head": "int4", "embedding": "int4"},
+            rounding="mse",
+        ),
+        Plan(
             "shared-bf16", "default with the shared experts kept in BF16", {**_BASE, "shared_expert": "keep"}
         ),
     ]
@@ -173,9 +189,14 @@ PLANS: dict[str, Plan] = {
 
 
 def make_plan(
-    name: str, *, group_size: int | None = None, lm_head: str | None = None, scale_dtype: str | None = None
+    name: str,
+    *,
+    group_size: int | None = None,
+    lm_head: str | None = None,
+    scale_dtype: str | None = None,
+    rounding: str | None = None,
 ) -> Plan:
-    """A named plan, optionally with its group size, LM head precision or scale dtype overridden."""
+    """A named plan, optionally with its group size, LM head precision, scale dtype or rounding overridden."""
     if name not in PLANS:
         raise PlanError(f"unknown plan {name!r}; available: {', '.join(PLANS)}")
     plan = PLANS[name]
@@ -184,6 +205,8 @@ def make_plan(
         changes["group_size"] = group_size
     if scale_dtype is not None:
         changes["scale_dtype"] = scale_dtype
+    if rounding is not None:
+        changes["rounding"] = rounding
     if lm_head is not None:
         changes["precisions"] = {**plan.precisions, "lm_head": lm_head}
     return replace(plan, **changes) if changes else plan

@@ -11,6 +11,7 @@ How each stored tensor enters the model (module names equal checkpoint names, do
   run by the registry's GEMV for their format;
 - each MoE layer's three banks become one `PackedExpertBank`; when the banks hold the shared expert,
   the layer's separate shared-expert MLP is removed (it runs as the bank's last slot);
+- a quantised token embedding becomes a `PackedEmbedding` (a lookup dequantises only its rows);
 - MLA's `kv_b_proj` is dequantised once at load into an ordinary `Linear`: decode multiplies by its matrix
   directly (weight absorption) every step, which no GEMV kernel does;
 - everything else (norms, router, KDA controls, embedding, `kv_a_proj_with_mqa`) is copied in as stored.
@@ -45,7 +46,7 @@ from engine.progress import ProgressFactory, no_progress
 from engine.quant.artifact import Artifact, stored_weight
 from engine.quant.build import Unit, encode_unit, plan_units
 from engine.quant.manifest import ArtifactError
-from engine.quant.packed import PackedExpertBank, PackedLinear
+from engine.quant.packed import PackedEmbedding, PackedExpertBank, PackedLinear
 from engine.quant.plan import Plan
 from engine.synth import synthetic_tensor
 
@@ -276,13 +277,16 @@ def _assemble(
             elif _becomes_packed(model, unit):
                 weight = stored_weight(unit, source.parts(unit, device), source.plan)
                 _install_linear(model, unit.name.removesuffix(".weight"), weight, selections, dtype)
+            elif unit.kind == "linear" and unit.tensor_class == "embedding":
+                weight = stored_weight(unit, source.parts(unit, device), source.plan)
+                _install_embedding(model, weight, dtype)
             else:
                 kept.append(unit)
                 continue
             bar.update(1)
         # Allocate what is still on `meta` (the modules that stay dense), then fill it.
         for module in model.modules():
-            if not isinstance(module, PackedLinear | PackedExpertBank):
+            if not isinstance(module, PackedLinear | PackedExpertBank | PackedEmbedding):
                 module.to_empty(device=device, recurse=False)
         for unit in kept:
             for name, value in stored_values(unit, source.parts(unit, device), source.plan):
@@ -346,6 +350,13 @@ def _install_linear(
             f"{path}: stored shape {weight.shape}, the model needs {(dense.out_features, dense.in_features)}"
         )
     setattr(parent, child, PackedLinear(weight, selections, dtype=dtype))
+
+
+def _install_embedding(model: KimiLinearForCausalLM, weight: LinearWeight, dtype: torch.dtype) -> None:
+    needed = (model.config.vocab_size, model.config.hidden_size)
+    if weight.shape != needed:
+        raise ArtifactError(f"model.embed_tokens: stored shape {weight.shape}, the model needs {needed}")
+    model.model.embed_tokens = PackedEmbedding(weight, dtype=dtype)
 
 
 def _install_bank(

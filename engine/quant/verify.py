@@ -14,7 +14,14 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from engine.codec import LinearWeight, dequantize, integer_codes, roundtrip_error_bound
+from engine.codec import (
+    LinearWeight,
+    dequantize,
+    group_squared_error,
+    integer_codes,
+    quantize,
+    roundtrip_error_bound,
+)
 from engine.progress import ProgressFactory, no_progress
 from engine.quant.manifest import (
     ArtifactError,
@@ -143,15 +150,24 @@ def _stored_slot(directory: Path, entry: dict, slot: int | None) -> LinearWeight
     return LinearWeight(entry["precision"], parts["codes"], parts["scales"], entry["group_size"])
 
 
-def _roundtrip(stored, original: torch.Tensor, precision: str) -> float:
+# A searched ("mse") group may not exceed the absmax encoding's squared error; the slack covers summation order.
+_MSE_SLACK = 1 + 2**-12
+
+
+def _roundtrip(stored, original: torch.Tensor, precision: str, rounding: str) -> float:
     if isinstance(stored, torch.Tensor):
         expected = original.to(torch.bfloat16) if precision == "bf16" else original
         return 0.0 if torch.equal(stored, expected) else float("inf")
+    if rounding == "mse":
+        assert stored.scales is not None and stored.group_size is not None  # quantised
+        absmax = quantize(original, precision, stored.group_size, stored.scales.dtype)
+        bound = group_squared_error(absmax, original) * _MSE_SLACK + torch.finfo(torch.float32).tiny
+        return float((group_squared_error(stored, original) / bound).max())
     error = (dequantize(stored) - original.float()).abs()
     return float((error / roundtrip_error_bound(stored)).max())
 
 
-def _self_consistent(stored, precision: str) -> str | None:
+def _self_consistent(stored, precision: str, rounding: str) -> str | None:
     """Checks possible without the source: finite positive scales, codes in the encoder's range."""
     if isinstance(stored, torch.Tensor):
         finite = not stored.is_floating_point() or bool(torch.isfinite(stored).all())
@@ -159,8 +175,10 @@ def _self_consistent(stored, precision: str) -> str | None:
     if not (torch.isfinite(stored.scales.float()).all() and (stored.scales > 0).all()):
         return "scales are not all finite and positive"
     qmax = 7 if precision == "int4" else 127
-    if integer_codes(stored).abs().max() > qmax:
-        return f"codes outside [-{qmax}, {qmax}]"
+    low = -qmax - (rounding == "mse")
+    codes = integer_codes(stored)
+    if codes.max() > qmax or codes.min() < low:
+        return f"codes outside [{low}, {qmax}]"
     return None
 
 
@@ -208,6 +226,7 @@ def verify_artifact(
     recorded = Path(manifest["source"]["path"])
     if source is None and use_recorded_source and recorded.is_dir():
         source = recorded
+    rounding = manifest["plan"].get("rounding", "absmax")  # absent before the option: absmax
     pairs = _sample(manifest, sample, seed)
     checkpoint = SourceCheckpoint(source) if source is not None else None
     report.source_used = source
@@ -219,7 +238,7 @@ def verify_artifact(
             label = name if slot is None else f"{name} slot {slot} ({source_name})"
             stored = _stored_slot(directory, entry, slot)
             if checkpoint is None:
-                issue = _self_consistent(stored, entry["precision"])
+                issue = _self_consistent(stored, entry["precision"], rounding)
                 report.roundtrips.append(RoundTrip(name, source_name, 0.0 if issue is None else float("inf")))
                 if issue:
                     report.problems.append(Problem(label, issue))
@@ -230,7 +249,7 @@ def verify_artifact(
                         Problem(label, f"{source_name} in {source} is not the tensor quantised")
                     )
                     continue
-                ratio = _roundtrip(stored, original, entry["precision"])
+                ratio = _roundtrip(stored, original, entry["precision"], rounding)
                 report.roundtrips.append(RoundTrip(name, source_name, ratio))
                 if ratio > 1.0:
                     report.problems.append(

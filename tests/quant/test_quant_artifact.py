@@ -127,24 +127,27 @@ def test_swapped_tensors_are_named_as_swapped(damaged):
     ), problems
 
 
-def test_swapped_experts_with_consistent_hashes_fail_the_round_trip(damaged):
-    """A builder bug that mislabels experts is invisible to hashes; the round trip names the slots."""
-    manifest = read_manifest(damaged)
-    entry = manifest["tensors"]["model.layers.3.block_sparse_moe.expert_bank.w2"]
-    codes = entry["parts"]["codes"]
+def _swap_bank_slots_keeping_hashes(directory: Path) -> None:
+    """Swap slots 2 and 3 of layer 3's w2 bank and re-record every hash: a mislabelling builder."""
+    manifest = read_manifest(directory)
+    codes = manifest["tensors"]["model.layers.3.block_sparse_moe.expert_bank.w2"]["parts"]["codes"]
 
     def swap(tensors):
         bank = tensors[codes["key"]].clone()
         bank[[2, 3]] = bank[[3, 2]]
         tensors[codes["key"]] = bank
 
-    _rewrite_shard(damaged, codes["shard"], swap)
-    with safe_open(damaged / codes["shard"], "pt") as f:
+    _rewrite_shard(directory, codes["shard"], swap)
+    with safe_open(directory / codes["shard"], "pt") as f:
         codes["sha256"] = sha256_tensor(f.get_tensor(codes["key"]))
-    manifest["shards"][codes["shard"]]["sha256"] = sha256_file(damaged / codes["shard"])
-    manifest["shards"][codes["shard"]]["bytes"] = (damaged / codes["shard"]).stat().st_size
-    write_manifest(damaged, manifest)
+    manifest["shards"][codes["shard"]]["sha256"] = sha256_file(directory / codes["shard"])
+    manifest["shards"][codes["shard"]]["bytes"] = (directory / codes["shard"]).stat().st_size
+    write_manifest(directory, manifest)
 
+
+def test_swapped_experts_with_consistent_hashes_fail_the_round_trip(damaged):
+    """A builder bug that mislabels experts is invisible to hashes; the round trip names the slots."""
+    _swap_bank_slots_keeping_hashes(damaged)
     assert verify_artifact(damaged, use_recorded_source=False, sample=None).ok  # hashes alone cannot tell
     problems = [str(p) for p in verify_artifact(damaged, sample=None).problems]
     named = {p.split(" (")[0] for p in problems}
@@ -186,6 +189,20 @@ def test_group_64_and_int8_head(tiny_checkpoint, tmp_path):
     assert 0 < error < 0.01
     assert art.expert_bank(1, "w1").weight.group_size == 64
     assert verify_artifact(tmp_path / "a", sample=None).ok
+
+
+def test_mse_rounding_artifact_verifies_and_a_swap_fails_its_bound(tiny_checkpoint, tmp_path):
+    """The searched scales keep the artifact's layout; verify bounds each group by the absmax encoding's error."""
+    build_artifact(tiny_checkpoint, tmp_path / "a", make_plan("int4-embed-mse"), max_shard_bytes=SHARD_BYTES)
+    manifest = read_manifest(tmp_path / "a")
+    assert manifest["plan"]["rounding"] == "mse" and manifest["codec"]["int4"]["code_range"] == [-8, 7]
+    assert manifest["tensors"]["model.embed_tokens.weight"]["precision"] == "int4"
+    report = verify_artifact(tmp_path / "a", sample=None)
+    assert report.ok and 0 < max(r.worst_ratio for r in report.roundtrips) <= 1, report.summary()
+    assert verify_artifact(tmp_path / "a", use_recorded_source=False, sample=None).ok
+    _swap_bank_slots_keeping_hashes(tmp_path / "a")
+    named = {str(p).split(" (")[0] for p in verify_artifact(tmp_path / "a", sample=None).problems}
+    assert named == {f"model.layers.3.block_sparse_moe.expert_bank.w2 slot {s}" for s in (2, 3)}
 
 
 def test_refuses_unknown_tensors_and_leaves_nothing_behind(tmp_path):

@@ -7,6 +7,7 @@ from engine.codec import (
     CodecError,
     LinearWeight,
     dequantize,
+    group_squared_error,
     integer_codes,
     pack_int4,
     quantize,
@@ -123,3 +124,53 @@ def test_fp16_scale_overflow_is_refused():
 def test_linear_weight_checks_scale_shape():
     with pytest.raises(CodecError, match="scales have shape"):
         LinearWeight("int4", torch.zeros(4, 16, dtype=torch.uint8), torch.zeros(4, 2), 32)
+
+
+def _random_groups(kind: str, seed: int) -> torch.Tensor:
+    """Rows of groups from several distributions: normal, heavy-tailed, uniform, and one outlier per row."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (64, 256)
+    if kind == "normal":
+        return torch.randn(shape, generator=gen)
+    if kind == "heavy":
+        return torch.randn(shape, generator=gen) / torch.rand(shape, generator=gen).clamp_min(0.05)
+    if kind == "uniform":
+        return torch.rand(shape, generator=gen) * 2 - 1
+    w = torch.randn(shape, generator=gen) * 0.01
+    w[torch.arange(64), torch.randint(0, 256, (64,), generator=gen)] = 1.0
+    return w
+
+
+@pytest.mark.parametrize("kind", ["normal", "heavy", "uniform", "outlier"])
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+@pytest.mark.parametrize("group", [32, 64])
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
+def test_mse_rounding_never_has_a_larger_group_error_than_absmax(kind, fmt, group, scale_dtype):
+    w = _random_groups(kind, seed=group + len(kind))
+    absmax = quantize(w, fmt, group, scale_dtype)
+    mse = quantize(w, fmt, group, scale_dtype, rounding="mse")
+    error_absmax, error_mse = group_squared_error(absmax, w), group_squared_error(mse, w)
+    assert (
+        error_mse <= error_absmax
+    ).all()  # tolerance 0: absmax is one of the candidates, kept unless beaten
+    assert error_mse.sum() < error_absmax.sum()  # and the search does find better scales
+    # The same layout: dtypes, shapes, positive finite scales and codes the decoders (and kernels) accept.
+    assert mse.data.dtype == absmax.data.dtype and mse.data.shape == absmax.data.shape
+    assert mse.scales.dtype == scale_dtype and mse.scales.shape == absmax.scales.shape
+    assert torch.isfinite(mse.scales.float()).all() and (mse.scales > 0).all()
+    qmax = 7 if fmt == "int4" else 127
+    codes = integer_codes(mse)
+    assert codes.min() >= -qmax - 1 and codes.max() <= qmax
+    # Codes are the nearest ones against the stored scale: dequantised values are code * scale exactly.
+    assert torch.equal(
+        dequantize(mse), (codes.float().view(64, -1, group) * mse.scales.float()[..., None]).view(64, -1)
+    )
+
+
+def test_mse_rounding_keeps_zero_groups_and_refuses_unknown_rules():
+    w = torch.zeros(2, 64)
+    w[1, 32:] = torch.randn(32)
+    q = quantize(w, "int4", 32, rounding="mse")
+    assert (integer_codes(q)[0] == 0).all() and q.scales[0, 0] == 1 and group_squared_error(q, w)[0, 0] == 0
+    with pytest.raises(CodecError, match="rounding"):
+        quantize(w, "int4", 32, rounding="nearest")

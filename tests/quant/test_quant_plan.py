@@ -47,10 +47,14 @@ def test_lm_head_precision_is_a_plan_option(head, head_bytes):
     assert stored_nbytes(spec, plan.decide("lm_head.weight", spec.shape).precision, plan) == head_bytes
 
 
+EMBEDDING = ("model.embed_tokens.weight", TENSORS["model.embed_tokens.weight"].shape)
+
+
 def test_every_plan_keeps_the_sensitive_tensors():
     for plan in PLANS.values():
+        # The embedding is kept by every plan except the ones named for storing it as INT4.
+        assert plan.decide(*EMBEDDING).quantized == plan.name.startswith("int4-embed"), plan.name
         for name in [
-            "model.embed_tokens.weight",
             "model.layers.3.block_sparse_moe.gate.weight",
             "model.layers.0.self_attn.A_log",
             "model.layers.0.self_attn.f_b_proj.weight",
@@ -95,3 +99,14 @@ def test_bytes_per_token_follow_plan_and_context():
     assert base.total - int4_head.total == 163840 * 2304 * 2 - (163840 * 1152 + 163840 * 72 * 2)
     long = decode_bytes_per_token(FULL, make_plan("default"), context_tokens=1000)
     assert long.total - base.total == 7 * 1000 * 576 * 2
+
+
+def test_rounding_is_a_plan_option_recorded_in_its_json():
+    plan = make_plan("int4-embed", rounding="mse")
+    assert plan.rounding == "mse" and make_plan("default").rounding == "absmax"
+    assert PLANS["int4-embed-mse"].precisions == PLANS["int4-embed"].precisions
+    assert type(plan).from_json(plan.to_json()) == plan
+    legacy = {k: v for k, v in plan.to_json().items() if k != "rounding"}  # artifacts before the option
+    assert type(plan).from_json(legacy).rounding == "absmax"
+    with pytest.raises(PlanError, match="rounding"):
+        make_plan("default", rounding="stochastic")

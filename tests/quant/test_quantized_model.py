@@ -17,6 +17,7 @@ from engine.kernels.defaults import SHIPPED_DEFAULTS
 from engine.model import load_model
 from engine.model.presets import TINY
 from engine.quant import (
+    PackedEmbedding,
     PackedExpertBank,
     PackedLinear,
     build_artifact,
@@ -86,13 +87,15 @@ def _compare(quantized, reference, prompt: torch.Tensor, steps: int) -> None:
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
-@pytest.mark.parametrize("plan", ["default", "shared-bf16", "int8-head"])
+@pytest.mark.parametrize("plan", ["default", "shared-bf16", "int8-head", "int4-embed", "int4-embed-mse"])
 def test_reference_kernels_match_the_dequantised_model(artifact, plan):
     path = artifact("tiny", plan)
     quantized = load_quantized_model(path, dtype=torch.float32, kernels=registry.named_choices("reference"))
     assert set(kernel_variants(quantized).values()) == {"reference"}
     moe = quantized.model.layers[1].block_sparse_moe
     assert isinstance(moe.experts, PackedExpertBank) and isinstance(quantized.lm_head, PackedLinear)
+    # int4-embed: the artifact's INT4 embedding rows are looked up and dequantised per row
+    assert isinstance(quantized.model.embed_tokens, PackedEmbedding) == plan.startswith("int4-embed")
     if plan == "shared-bf16":  # shared expert kept separately: a routed-only bank plus the shared MLP
         assert moe.experts.shared_slot is None and moe.shared_experts is not None
     else:

@@ -61,6 +61,8 @@ def test_the_figure_plots_trained_weights_only_and_both_toolchains(results):
     assert sorted(s["source"] for s in data["series"]) == ["llama.cpp", "ours"]
     assert all("synthetic" not in s["model"] for s in data["series"])
     assert len(data["references"]) == 1
+    figure = figures.draw_perplexity_vs_bits(data)  # one panel per model
+    assert len(figure.axes) == len({s["model"] for s in data["series"]}) == 1
 
 
 def test_results_md_keeps_random_weight_accuracy_apart_as_a_stress_test(results):
