@@ -1,7 +1,9 @@
+import random
+
 from click.testing import CliRunner
 
 from harness.receipt import load_receipt, write_receipt
-from runners import proxy_load
+from runners import proxy, proxy_load
 from runners.cli import main
 from tests.runners.runner_support import run_for_receipts
 
@@ -103,3 +105,25 @@ def test_a_one_off_dip_under_the_load_floor_passes_on_confirmation(tmp_path, mon
     assert result.exit_code == 0, result.output
     assert result.output.count("— COLLAPSED") == 1 and "confirming the load ratio (1/2)" in result.output
     assert "(2/2)" not in result.output
+
+
+def _receipt(direct_ms: list[float], added_ms: list[float]) -> dict:
+    added_sorted = sorted(added_ms)
+    return {"samples": {"direct_ms": direct_ms, "added_ms": added_ms},
+            "derived": {"added_median_us": added_sorted[len(added_sorted) // 2] * 1e3}}  # fmt: skip
+
+
+def test_the_latency_gate_divides_out_a_slower_machine_but_not_a_slower_k3():
+    gen = random.Random(7)
+    direct = [0.14 + gen.random() * 0.02 for _ in range(301)]
+    added = [0.075 + gen.random() * 0.01 for _ in range(301)]
+    base = _receipt(direct, added)
+    # The whole machine twice as slow: the direct turns (no k3 code) and k3's added time alike.
+    slow_host = _receipt([2 * t for t in direct], [2 * t for t in added])
+    factor, result = proxy.judge_added_latency(base, slow_host, 75.0)
+    assert abs(factor - 2.0) < 1e-9 and not result.regressed
+    # k3 itself twice as slow on the same machine: still a regression.
+    factor, result = proxy.judge_added_latency(base, _receipt(direct, [2 * t for t in added]), 75.0)
+    assert factor == 1.0 and result.regressed
+    # A faster machine never makes a regression look smaller.
+    assert proxy.machine_factor(base, _receipt([t / 2 for t in direct], added)) == 1.0
