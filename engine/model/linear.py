@@ -25,8 +25,10 @@ DecodeGemv = Callable[..., torch.Tensor]  # fn(x [B, K], weight [N, K]) -> [B, N
 
 def _project(x: torch.Tensor, weight: torch.Tensor, decode_gemv: DecodeGemv | None) -> torch.Tensor:
     """x @ weight^T: through `decode_gemv` for a decode step's few rows when one is bound, else torch."""
+    if decode_gemv is None:  # the GPU and FP32 path: nothing added before torch's matmul
+        return F.linear(x, weight)
     rows = x.reshape(-1, x.shape[-1])
-    if decode_gemv is None or not takes_decode_path(rows.shape[0]):
+    if not takes_decode_path(rows.shape[0]):
         return F.linear(x, weight)
     return decode_gemv(rows, weight).view(*x.shape[:-1], weight.shape[0])
 
