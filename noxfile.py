@@ -14,6 +14,9 @@ nox -s conformance    real coding agents through k3 (receipt + docs/CLIENTS.md)
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import nox
 
 nox.options.default_venv_backend = "venv"
@@ -24,7 +27,28 @@ PYTHON = "3.11"
 LITELLM = "litellm[proxy]==1.108.7"  # the peer proxy `bench-proxy-peers` measures k3 against
 
 
+# On a machine with no NVIDIA GPU, torch is installed first at this CPU build's version (the one
+# on this project's machines' disk), before the project: the project's range would otherwise take the
+# newest CUDA build, several GB in every session's venv (CI once ran out of disk that way).
+# KIMI_TORCH overrides it: a pip requirement (`KIMI_TORCH='torch==2.14.1'`), or empty for the range.
+CPU_TORCH = "torch==2.13.0"
+
+
+def has_nvidia_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None or os.path.exists("/dev/nvidia0")
+
+
+def torch_requirement() -> str:
+    """The torch requirement installed before the project, or "" to leave it to pyproject's range."""
+    if "KIMI_TORCH" in os.environ:
+        return os.environ["KIMI_TORCH"].strip()
+    return "" if has_nvidia_gpu() else CPU_TORCH
+
+
 def install(session: nox.Session, extras: str = "") -> None:
+    torch = torch_requirement()
+    if torch:
+        session.install(torch)
     session.install("-e", f".[{extras}]" if extras else ".")
 
 
