@@ -43,7 +43,7 @@ from engine.runtime.memory import (
 )
 from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.sampling import Sampler
-from engine.runtime.state import restore_snapshot, transfer
+from engine.runtime.state import move_row, restore_snapshot, transfer
 
 # Everything `Engine.load` raises for weights, plans or settings it cannot serve: a CLI shows the message.
 LOAD_ERRORS = (
@@ -329,9 +329,53 @@ class Engine:
             seq.pending = seq.pending[:, chunk.shape[1] :]
             seq.logits = self.model.prefill(chunk, seq.held.cache)
             self.cap.check()
-            if seq.prefilled and seq.batch_size == 1 and self.prefix_cache is not None:
-                self.prefix_cache.store(seq.prompt_ids[0], seq.lease.cache, seq.logits)
+            self._keep_prompt(seq)
         return seq.prefilled
+
+    def prefill_together(self, seqs: list[Sequence], tokens: int) -> bool:
+        """`prefill_step(seq, tokens)` for every one of several one-prompt sequences at once: one forward
+        pass over a cache of len(seqs) rows, their states copied in and back out (a few MB; nothing is
+        recomputed). Their caches must hold the same number of tokens, and each must have `tokens`
+        pending; `len(seqs) * tokens` is at most the planned prefill chunk. False, with nothing done,
+        when the memory for that cache is not free now (prefill them one by one then)."""
+        length = seqs[0].held.cache.length if seqs else 0
+        if not seqs or any(s.batch_size != 1 or s.held.cache.length != length for s in seqs):
+            raise ValueError("prefill together one-prompt sequences whose caches hold the same length")
+        if len(seqs) * tokens > self.plan.prefill_chunk:
+            raise ValueError(
+                f"{len(seqs)} x {tokens} tokens exceed the prefill chunk of {self.plan.prefill_chunk}"
+            )
+        if tokens < 1 or any(s.pending.shape[1] < tokens for s in seqs):
+            raise ValueError(f"every sequence prefilled together needs {tokens} pending prompt tokens")
+        capacity = self.pool.capacity_for(length + tokens)
+        nbytes = self.pool.bytes_for(capacity, len(seqs))
+        if not self.pool.reserve(nbytes):
+            return False
+        lease = None
+        try:
+            lease = self.pool.take(capacity, len(seqs), decoding=False)
+            group = lease.cache
+            for row, seq in enumerate(seqs):
+                move_row(seq.held.cache, None, length, group, row)
+            group.length = length
+            logits = self.model.prefill(torch.cat([s.pending[:, :tokens] for s in seqs]), group)
+            self.cap.check()
+            for row, seq in enumerate(seqs):
+                move_row(group, row, length + tokens, seq.held.cache, 0)
+                seq.held.cache.length = length + tokens
+                seq.pending = seq.pending[:, tokens:]
+                seq.logits = logits[row : row + 1]
+                self._keep_prompt(seq)
+        finally:
+            if lease is not None:
+                self.pool.give_back(lease)
+            self.pool.unreserve(nbytes)
+        return True
+
+    def _keep_prompt(self, seq: Sequence) -> None:
+        """Once a one-prompt sequence is prefilled, keep its state in the prefix cache for the next turn."""
+        if seq.prefilled and seq.batch_size == 1 and self.prefix_cache is not None and seq.logits is not None:
+            self.prefix_cache.store(seq.prompt_ids[0], seq.held.cache, seq.logits)
 
     def next_token(self, seq: Sequence, sampler: Sampler) -> list[int]:
         """Feed the previously sampled tokens (one decode step) and sample the next ones, one per prompt."""

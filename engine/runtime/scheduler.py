@@ -6,8 +6,9 @@ The head of the queue is admitted when a slot (`max_active`) and memory for its 
 behind it overtakes it. Each step of the loop (continuous batching):
 1. drops the cancelled sequences (their caches and batch rows are free for this very step);
 2. prefills at most `prefill_budget` prompt tokens (default: the engine's prefill chunk), oldest prompt
-   first, so a long prompt delays the running streams by at most one chunk per step; a prompt that is
-   done samples its first token from the prefill's logits and joins the decode batch;
+   first, so a long prompt delays the running streams by at most one chunk per step; prompts at the same
+   point (new ones of one step) prefill together in one forward pass, up to the shortest one's length;
+   a prompt that is done samples its first token from the prefill's logits and joins the decode batch;
 3. runs one decode step for every joined sequence together (`Engine.decode_batch`), each sampled with
    its own parameters.
 Results go to a per-request `sink` callable, called on this thread: `Started`, then `Token`s, then
@@ -301,23 +302,53 @@ class Scheduler:
         self.steps.append(StepRecord(prefilled, len(decoding)))
 
     def _prefill(self) -> int:
-        """Prefill up to the step's budget, oldest prompt first; a finished prompt samples its first
-        token. Returns the prompt tokens prefilled."""
+        """Prefill up to the step's budget, oldest prompt first. Prompts whose caches hold as many tokens
+        as the oldest one's (new prompts: none) go through one forward pass together, up to the shortest
+        one's pending tokens (`Engine.prefill_together`), and the rest go on while the budget lasts; a
+        finished prompt samples its first token. Returns the prompt tokens prefilled."""
         budget = self.prefill_budget
-        for active in [a for a in self._active if not a.seq.generated]:
-            if budget <= 0:
-                break
-            seq = active.seq
-            n = min(budget, seq.pending.shape[1])
-            budget -= n
-            done = self._guarded(active, partial(self.engine.prefill_step, seq, n))
-            if isinstance(done, bool):
-                active.prefill.step(seq)
-            if done is True:
-                tokens = self._guarded(active, partial(self.engine.next_token, active.seq, active.sampler))
-                if isinstance(tokens, list):  # else the error that ended it
-                    self._deliver(active, tokens[0])
+        prompts = [a for a in self._active if not a.seq.generated]
+        while prompts and budget > 0:  # every pass spends budget or finishes (or fails) a prompt
+            active = prompts[0]
+            group = self._prefill_group(active, prompts, budget)
+            if group:
+                room = min(budget, self.engine.plan.prefill_chunk) // len(group)
+                tokens = min(room, *(a.seq.pending.shape[1] for a in group))
+                seqs = [a.seq for a in group]
+                done = self._guarded_all(group, partial(self.engine.prefill_together, seqs, tokens))
+                if done is False:  # no memory for the group's cache now: one by one
+                    group = []
+                elif done is True:
+                    budget -= tokens * len(group)
+            if not group:
+                group = [active]
+                n = min(budget, active.seq.pending.shape[1])
+                budget -= n
+                done = self._guarded(active, partial(self.engine.prefill_step, active.seq, n))
+            if not isinstance(done, Exception):
+                for member in group:
+                    member.prefill.step(member.seq)
+                    if member.seq.prefilled:
+                        first = self._guarded(
+                            member, partial(self.engine.next_token, member.seq, member.sampler)
+                        )
+                        if isinstance(first, list):  # else the error that ended it
+                            self._deliver(member, first[0])
+            running = {id(a) for a in self._active}
+            prompts = [a for a in prompts if id(a) in running and not a.seq.generated]
         return self.prefill_budget - budget
+
+    def _prefill_group(self, head: _Active, candidates: list[_Active], budget: int) -> list[_Active]:
+        """The prompts to prefill together with `head` (it first), or [] when it goes alone."""
+        seq = head.seq
+        if seq.batch_size != 1 or seq.prefilled:
+            return []
+        length = seq.held.cache.length
+        group = [
+            a for a in candidates
+            if a.seq.batch_size == 1 and not a.seq.prefilled and a.seq.held.cache.length == length
+        ][: min(budget, self.engine.plan.prefill_chunk)]  # fmt: skip
+        return group if len(group) > 1 else []
 
     def _join(self) -> None:
         """Move every prefilled sequence into the decode batch (those that do not fit wait a step)."""
@@ -332,6 +363,15 @@ class Scheduler:
             return
         for active in ready[:joined]:
             active.joined = True
+
+    def _guarded_all(self, group: list[_Active], work: Callable[[], object]) -> object:
+        """`_guarded` for work that serves a group at once: on an error, each of them fails."""
+        try:
+            return work()
+        except Exception as e:
+            for active in group:
+                self._end(active, _failure(e))
+            return e
 
     def _guarded(self, active: _Active, work: Callable[[], object]) -> object:
         """Run one sequence's work and return its result; on an error, end the sequence as failed and

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
 import socket
 import subprocess
@@ -24,6 +25,9 @@ from runners.processes import stop
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 30
+# A CLI server's start: load, then compile the decode step (cold Inductor cache on a fresh CI machine, on
+# two cores that other tests may share), before its "listening on" line.
+START_TIMEOUT_S = 240
 
 # TEST HOOK (see engine/server/scripted.py): requests whose last message contains the key get the reply.
 SCRIPT = [
@@ -82,6 +86,10 @@ class CliProcess:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", *args],
             cwd=REPO_ROOT,
+            env={
+                **os.environ,
+                "PYTHONUNBUFFERED": "1",
+            },  # every line as printed: a failure shows how far it got
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -96,7 +104,7 @@ class CliProcess:
             self.lines.put(line)
 
     def url(self) -> str:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             try:
                 line = self.lines.get(timeout=0.5)
