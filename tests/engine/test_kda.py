@@ -141,6 +141,18 @@ def test_batched_phase_in_several_groups(rng, monkeypatch):
     torch.testing.assert_close(s_groups, s_one, atol=1e-11, rtol=0)
 
 
+def test_heads_one_at_a_time_give_all_heads_at_once(rng):
+    """The CPU runs `kda_chunked` head by head (cache-sized passes); the all-heads pass (the GPU's) over
+    the same inputs must agree, outputs and every head's final state."""
+    q, k, v, g, beta, s0 = random_kda_inputs(rng, tokens=90, dtype=torch.float64)
+    s_heads, s_all = s0.clone(), s0.clone()
+    per_head = kda_chunked(q, k, v, g, beta, s_heads)
+    all_heads = kda._kda_chunked_heads(q, k, v, g, beta, s_all, kda.CHUNK_SIZE)
+    torch.testing.assert_close(per_head, all_heads, atol=1e-11, rtol=0)
+    torch.testing.assert_close(s_heads, s_all, atol=1e-11, rtol=0)
+    assert not torch.equal(s_heads, s0)
+
+
 def test_recurrence_is_not_trivial(rng):
     """Guard against a vacuous comparison: the state must matter and the decay must matter."""
     q, k, v, g, beta, s0 = random_kda_inputs(rng, tokens=20)
