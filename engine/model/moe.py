@@ -20,6 +20,10 @@ from engine.model.config import KimiLinearConfig
 from engine.model.mlp import MLP
 from engine.model.paths import takes_decode_path
 
+# Prefill: while no expert has more rows than this, the experts run as one zero-padded batched product;
+# beyond it, one matmul per expert (enough rows each that a call's overhead no longer dominates).
+PADDED_MAX_ROWS = 64
+
 
 class Router(nn.Module):
     """Checkpoint names `gate.weight` and `gate.e_score_correction_bias`; both kept in FP32."""
@@ -94,12 +98,34 @@ def expert_ffn(
     batched product with a single column), so no expert is copied. A union of the rows' experts (each
     distinct expert once, N columns) reads fewer bytes when rows share experts, but its products have N
     columns: Inductor then copies the gathered experts out and calls a GEMM, which measured 15x slower
-    at 4 rows on the CPU (and slower eagerly too). Many (prefill): sort assignments by expert and run
-    one matmul per expert that has tokens (a host read of the counts).
+    at 4 rows on the CPU (and slower eagerly too). Many (prefill): sort assignments by expert (a host
+    read of the counts); up to PADDED_MAX_ROWS rows per expert, one zero-padded batched product for all
+    experts, else one matmul per expert that has tokens.
     """
     if takes_decode_path(expert_ids.shape[0]):
         return _expert_ffn_gathered(x, expert_ids, expert_weights, w1, w3, w2)
+    counts = torch.bincount(expert_ids.reshape(-1), minlength=w1.shape[0])
+    most = max(counts.tolist())  # the host read of the counts
+    if most <= PADDED_MAX_ROWS:
+        return _expert_ffn_padded(x, expert_ids, expert_weights, counts, most, w1, w3, w2)
     return grouped_expert_ffn(x, expert_ids, expert_weights, w1.shape[0], lambda e: (w1[e], w3[e], w2[e]))
+
+
+def _expert_ffn_padded(x, expert_ids, expert_weights, counts, most, w1, w3, w2):
+    """Every expert's rows in one batched product: rows sorted by expert into [E, max rows, hidden], zero
+    padded. Three calls in all, where one matmul per expert pays a call's overhead for a few rows each."""
+    n_tokens, top_k = expert_ids.shape
+    flat = expert_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    expert_of = flat[order]
+    slot = torch.arange(order.numel(), device=x.device) - (torch.cumsum(counts, 0) - counts)[expert_of]
+    xs = x.new_zeros(w1.shape[0], most, x.shape[-1])
+    xs[expert_of, slot] = x[order // top_k]
+    hidden = F.silu(torch.bmm(xs, w1.transpose(1, 2))) * torch.bmm(xs, w3.transpose(1, 2))
+    out = torch.bmm(hidden, w2.transpose(1, 2))[expert_of, slot].float()
+    out *= expert_weights.reshape(-1)[order].unsqueeze(-1)
+    total = torch.zeros(n_tokens, x.shape[-1], dtype=torch.float32, device=x.device)
+    return total.index_add_(0, order // top_k, out).to(x.dtype)
 
 
 def _expert_ffn_gathered(x, expert_ids, expert_weights, w1, w3, w2):

@@ -28,7 +28,8 @@ def random_bank(rng, experts=16, hidden=48, inter=24):
     return w1, w3, w2
 
 
-@pytest.mark.parametrize("tokens", [1, 3, 40])  # 1 and 3: the slot path (one sequence, a batch), 40: grouped
+# 1 and 3: the slot path (one sequence, a batch); 40: prefill, padded; 300: prefill, one matmul per expert
+@pytest.mark.parametrize("tokens", [1, 3, 40, 300])
 def test_expert_ffn_matches_plain_loop(rng, tokens):
     w1, w3, w2 = random_bank(rng)
     x = torch.randn(tokens, 48, generator=rng)
@@ -52,6 +53,21 @@ def test_gathered_and_grouped_paths_agree(rng):
         _expert_ffn_gathered(x, ids, weights, w1, w3, w2),
         grouped_expert_ffn(x, ids, weights, 16, lambda e: (w1[e], w3[e], w2[e])),
     )
+
+
+def test_padded_and_per_expert_prefill_paths_agree(rng, monkeypatch):
+    """The same prefill rows through the padded batched product and, forced, one matmul per expert;
+    the padded buffer's rows past each expert's count are where a wrong slot would read or write."""
+    from engine.model import moe
+
+    w1, w3, w2 = random_bank(rng)
+    x = torch.randn(50, 48, generator=rng)
+    ids = torch.stack([torch.randperm(16, generator=rng)[:4] for _ in range(50)])
+    weights = torch.rand(50, 4, generator=rng)
+    padded = expert_ffn(x, ids, weights, w1, w3, w2)
+    monkeypatch.setattr(moe, "PADDED_MAX_ROWS", 0)
+    per_expert = expert_ffn(x, ids, weights, w1, w3, w2)
+    torch.testing.assert_close(padded, per_expert, atol=1e-5, rtol=0)
 
 
 def moe_layers(model):
