@@ -58,6 +58,15 @@ def harness(session: nox.Session, command: str) -> None:
     session.run("kimi-harness", command)
 
 
+def runner(session: nox.Session, command: str, *, extras: str = "", packages: tuple[str, ...] = ()) -> None:
+    """Install the project (with `extras`, then `packages`) and run one `python -m runners` command with
+    the session's args."""
+    install(session, extras)
+    if packages:
+        session.install(*packages)
+    session.run("python", "-m", "runners", command, *session.posargs)
+
+
 def regenerate(session: nox.Session) -> None:
     session.run("kimi-harness", "report")
     session.run("kimi-harness", "figures")
@@ -117,8 +126,7 @@ def bench_decode(session: nox.Session) -> None:
 @nox.session(name="bench-kernels", python=PYTHON)
 def bench_kernels(session: nox.Session) -> None:
     """Every kernel variant against its reference: achieved bandwidth (args go to the runner)."""
-    install(session)
-    session.run("python", "-m", "runners", "kernels", *session.posargs)
+    runner(session, "kernels")
 
 
 @nox.session(name="bench-micro", python=PYTHON)
@@ -127,23 +135,19 @@ def bench_micro(session: nox.Session) -> None:
 
     Not part of `nox -s tests`. Args go to `python -m runners micro` (e.g. --runs 3 --max-time 1 -k k3).
     """
-    install(session, "test")
-    session.run("python", "-m", "runners", "micro", *session.posargs)
+    runner(session, "micro", extras="test")
 
 
 @nox.session(name="bench-proxy", python=PYTHON)
 def bench_proxy(session: nox.Session) -> None:
     """Latency k3 adds per request and per event, for each dialect (args go to the runner)."""
-    install(session)
-    session.run("python", "-m", "runners", "proxy", *session.posargs)
+    runner(session, "proxy")
 
 
 @nox.session(name="bench-proxy-peers", python=PYTHON)
 def bench_proxy_peers(session: nox.Session) -> None:
     """k3 and LiteLLM's proxy side by side in front of the same engine (args go to the runner)."""
-    install(session)
-    session.install(LITELLM)
-    session.run("python", "-m", "runners", "proxy-peers", *session.posargs)
+    runner(session, "proxy-peers", packages=(LITELLM,))
 
 
 @nox.session(name="proxy-gate", python=PYTHON)
@@ -158,8 +162,7 @@ def proxy_gate(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def accuracy(session: nox.Session) -> None:
     """Quantised against unquantised model: KL, top-1, perplexity, greedy identity (args go to the runner)."""
-    install(session)
-    session.run("python", "-m", "runners", "accuracy", *session.posargs)
+    runner(session, "accuracy")
 
 
 @nox.session(name="bench-llamacpp", python=PYTHON)

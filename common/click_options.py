@@ -14,6 +14,11 @@ def count_option(*decls: str, default: int, help: str, minimum: int = 1) -> Call
     return click.option(*decls, type=click.IntRange(minimum), default=default, show_default=True, help=help)
 
 
+def text_option(*decls: str, default: str, help: str) -> Callable[[Any], Any]:
+    """A text option with a default shown in --help."""
+    return click.option(*decls, default=default, show_default=True, help=help)
+
+
 def float_option(
     *decls: str, default: float, help: str, minimum: float | None = None, above: bool = False
 ) -> Callable[[Any], Any]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import click
 import httpx
 
-from common.click_options import count_option, float_option
+from common.click_options import count_option, float_option, text_option
 from common.listen import listening_socket
 from common.logs import configure_logging, log_format_option
 from k3 import VERSION, presets
@@ -154,9 +154,7 @@ def engine_target_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
 @main.command()
 @engine_target_options
-@click.option(
-    "--host", default="127.0.0.1", show_default=True, help="Bind address (keep loopback unless --api-key)."
-)
+@text_option("--host", default="127.0.0.1", help="Bind address (keep loopback unless --api-key).")
 @click.option(
     "--port",
     "-p",
@@ -174,10 +172,9 @@ def engine_target_options(command: Callable[..., Any]) -> Callable[..., Any]:
     help="Require this token (Bearer or x-api-key) from clients (env K3_SERVE_API_KEY; not K3_API_KEY, "
     "which is the variable Codex sends its key from).",
 )
-@click.option(
+@text_option(
     "--reasoning-field",
     default="reasoning_content",
-    show_default=True,
     help="Where the engine carries reasoning, both ways: a message key (reasoning_content, reasoning, "
     "or any other key name, sent back under it), inline <think> in the content (think, alias inline), "
     "the Kimi K3 think channel (kimi_k3), nowhere (none), or auto: read whichever each reply uses "
@@ -501,7 +498,7 @@ def _header_dict(raw: Any) -> dict[str, str]:
 
 @main.command(name="detect")
 @click.argument("capture", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--path", default="/v1/messages", show_default=True, help="Route, when no CAPTURE is given.")
+@text_option("--path", default="/v1/messages", help="Route, when no CAPTURE is given.")
 @click.option("--header", "-H", "headers", multiple=True, help="'Name: value' header, repeatable.")
 @click.option(
     "--client", "-c", type=click.Choice([p.name for p in presets.PRESETS]), help="Pretend --client is set."

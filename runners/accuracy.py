@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 import torch
 
-from common.click_options import count_option
+from common.click_options import count_option, text_option
 from engine.cli_options import device_option, dtype_option, resolve_device, resolve_dtype, synthetic_option
 from engine.model import Checkpoint, KimiLinearForCausalLM, Tokenizer, load_model, preset, sample
 from engine.model.checkpoint_spec import checkpoint_tensors
@@ -197,7 +197,7 @@ def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype
 @click.option(
     "--plans", default=",".join(PLANS), show_default=True, help="Quantisation plans, comma-separated."
 )
-@click.option("--groups", default="32,64,128", show_default=True, help="Group sizes, comma-separated.")
+@text_option("--groups", default="32,64,128", help="Group sizes, comma-separated.")
 @count_option("--sequences", default=8, help="Evaluation sequences.")
 @count_option("--seq-len", default=128, minimum=2, help="Tokens per sequence.")
 @click.option(

@@ -24,7 +24,7 @@ import time
 import click
 import torch
 
-from common.click_options import count_option
+from common.click_options import count_option, text_option
 from common.memory_cap import MemoryCap
 from engine.cli_options import (
     device_option,
@@ -117,10 +117,9 @@ def measure(engine: Engine, concurrency: int, prompt_tokens: int, gen_tokens: in
 @synthetic_option("Synthetic model (no download).", default="small")
 @device_option()
 @dtype_option()
-@click.option(
+@text_option(
     "--concurrency",
     default="1,2,4,8",
-    show_default=True,
     help="Requests in flight at once, comma-separated; 1 is the baseline of speedup_vs_c1.",
 )
 @count_option("--prompt-tokens", default=64, help="Tokens per prompt.")

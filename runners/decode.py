@@ -22,7 +22,7 @@ from pathlib import Path
 import click
 import torch
 
-from common.click_options import count_option
+from common.click_options import count_option, text_option
 from common.memory_cap import MemoryCap
 from engine.cli_options import (
     NO_QUANT,
@@ -163,7 +163,7 @@ def step_method(graphs: bool, compiled: bool) -> str:
     default=None,
     help="Prompt lengths, comma-separated. Default: 17,256,1024 on the CPU; 17,1024,8192,32768 on a GPU.",
 )
-@click.option("--batch", "batches", default="1", show_default=True, help="Batch sizes, comma-separated.")
+@text_option("--batch", "batches", default="1", help="Batch sizes, comma-separated.")
 @click.option(
     "--gen-tokens",
     type=click.IntRange(2),

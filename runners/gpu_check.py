@@ -214,26 +214,22 @@ def _time(m: Measurement, device, l2_bytes: int) -> tuple[list[float], int]:
 
 def run(
     out: Path,
+    checks: dict,
+    timed: list[Measurement],
     *,
-    config: KimiLinearConfig,
-    group: int,
-    batches: tuple[int, ...],
-    ops: list[str] | None,
-    sweep: bool = False,
-    references: bool = False,
     command: list[str],
     equivalence_json: Path | None = None,
     copy_gbs: float | None = None,
 ) -> int:
-    """Copy bandwidth (unless measured already: ``copy_gbs``), equivalence at edge + full shapes, then
-    timing; receipts under ``out``. Returns 1 when an equivalence check failed, 2 without a GPU, else 0."""
+    """Copy bandwidth (unless measured already: ``copy_gbs``), equivalence at the shapes of ``checks``,
+    then timing of ``timed`` (both from `plan`); receipts under ``out``. Returns 1 when an equivalence
+    check failed, 2 without a GPU, else 0."""
     if not torch.cuda.is_available():
         print("gpu_check needs an NVIDIA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     from engine.kernel_tools.equivalence import check, check_all
     from harness.receipt import write_receipt
 
-    checks, timed = plan(config, group, batches, ops, sweep=sweep, references=references)
     device = torch.device("cuda")
     props = torch.cuda.get_device_properties(device)
     l2_bytes = props.L2_cache_size
@@ -431,10 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     batches = tuple(int(b) for b in args.batches.split(","))
     ops = args.ops.split(",") if args.ops else None
 
+    checks, timed = plan(config, args.group_size, batches, ops, sweep=args.sweep, references=args.references)
     if args.dry_run:
-        checks, timed = plan(
-            config, args.group_size, batches, ops, sweep=args.sweep, references=args.references
-        )
         for op, shapes in checks.items():
             print(f"equivalence {op}: {len(shapes)} shapes x {len(registry.variants(op)) - 1} variants")
         for m in timed:
@@ -443,17 +437,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.out is None:
         parser.error("--out is required")
     command = [sys.executable, "-m", "runners.gpu_check", *(argv if argv is not None else sys.argv[1:])]
-    return run(
-        args.out,
-        config=config,
-        group=args.group_size,
-        batches=batches,
-        ops=ops,
-        sweep=args.sweep,
-        references=args.references,
-        command=command,
-        equivalence_json=args.out / "equivalence.json",
-    )
+    return run(args.out, checks, timed, command=command, equivalence_json=args.out / "equivalence.json")
 
 
 if __name__ == "__main__":

@@ -71,10 +71,8 @@ def _kernels(device: str, copy: list[float], command: list[str], results: Path) 
     from runners import gpu_check
 
     if device == "cuda":
-        return gpu_check.run(
-            results, config=preset("full"), group=GROUP, batches=(1, 8), ops=None, command=command,
-            equivalence_json=None, copy_gbs=statistics.median(copy),
-        )  # fmt: skip
+        checks, timed = gpu_check.plan(preset("full"), GROUP, (1, 8), None)
+        return gpu_check.run(results, checks, timed, command=command, copy_gbs=statistics.median(copy))
     return _kernels_on_cpu(statistics.median(copy), command, results)
 
 

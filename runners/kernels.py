@@ -207,10 +207,14 @@ def kernels_command(
         )
     command = [sys.executable, "-m", "runners", *sys.argv[1:]]
     if device == "cuda":
-        code = gpu_check.run(
-            results, config=preset(preset_name or "full"), group=group_size, batches=tuple(positive_ints(batches or "1,8")), ops=op_list,
-            references=True, command=command,
-        )  # fmt: skip
+        checks, timed = gpu_check.plan(
+            preset(preset_name or "full"),
+            group_size,
+            tuple(positive_ints(batches or "1,8")),
+            op_list,
+            references=True,
+        )
+        code = gpu_check.run(results, checks, timed, command=command)
         if code:
             raise click.ClickException("gpu_check failed (see above)")
     else:

@@ -25,7 +25,7 @@ import httpx
 import orjson
 import psutil
 
-from common.click_options import count_option, float_option
+from common.click_options import count_option, float_option, text_option
 from harness.receipt import RESULTS_DIR, write_receipt
 from harness.stats import Verdict, verdict
 from k3.app import create_app
@@ -185,16 +185,14 @@ UNITS = {"direct_ms": "ms", "proxied_ms": "ms", "added_ms": "ms", "floor_ms": "m
 @click.command("proxy")
 @count_option("--iterations", default=300, minimum=2, help="Timed requests per path and case.")
 @count_option("--warmup", default=30, minimum=0, help="Untimed requests per case before the timed ones.")
-@click.option(
+@text_option(
     "--clients",
     default="1,4,8,32,64,128",
-    show_default=True,
     help="Load levels: numbers of keep-alive clients streaming turns back to back (comma list).",
 )
-@click.option(
+@text_option(
     "--load-clients",
     default="raw,httpx",
-    show_default=True,
     help="Client kinds for the load levels: raw (hand-written HTTP/1.1 on sockets) and/or httpx.",
 )
 @float_option("--load-seconds", default=10.0, minimum=1, help="Seconds per load level.")
@@ -204,10 +202,9 @@ UNITS = {"direct_ms": "ms", "proxied_ms": "ms", "added_ms": "ms", "floor_ms": "m
     minimum=0,
     help="Streamed turns k3 serves before the first load level (leaks build up over turns).",
 )
-@click.option(
+@text_option(
     "--modes",
     default="asgi,sockets,load",
-    show_default=True,
     help="asgi (in process), sockets (k3 serve over loopback), load (the concurrency sweep).",
 )
 @results_option

@@ -32,6 +32,29 @@ class KDAState:
     conv: torch.Tensor
     recurrent: torch.Tensor
 
+    @classmethod
+    def zeros(
+        cls,
+        config: KimiLinearConfig,
+        batch_size: int,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+    ) -> KDAState:
+        """The state before the first token: `conv` in the activation dtype, `recurrent` in FP32."""
+        conv = torch.zeros(
+            batch_size, 3, config.kda_dim, config.conv_kernel_size - 1, dtype=dtype, device=device
+        )
+        recurrent = torch.zeros(
+            batch_size,
+            config.kda_num_heads,
+            config.kda_head_dim,
+            config.kda_head_dim,
+            dtype=torch.float32,
+            device=device,
+        )
+        return cls(conv=conv, recurrent=recurrent)
+
 
 @dataclass
 class MLAState:
@@ -70,18 +93,7 @@ class SequenceCache:
                 kv = torch.zeros(batch_size, max_len, width, dtype=dtype, device=device)
                 self.layers.append(MLAState(kv=kv, kv_lora_rank=config.kv_lora_rank))
             else:
-                conv = torch.zeros(
-                    batch_size, 3, config.kda_dim, config.conv_kernel_size - 1, dtype=dtype, device=device
-                )
-                recurrent = torch.zeros(
-                    batch_size,
-                    config.kda_num_heads,
-                    config.kda_head_dim,
-                    config.kda_head_dim,
-                    dtype=torch.float32,
-                    device=device,
-                )
-                self.layers.append(KDAState(conv=conv, recurrent=recurrent))
+                self.layers.append(KDAState.zeros(config, batch_size, dtype=dtype, device=device))
         self.position = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.slots = torch.arange(max_len, device=device)  # slot index per cache row, for the decode mask
         self.length = 0

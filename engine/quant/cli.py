@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 import torch
 
-from common.click_options import count_option
+from common.click_options import count_option, text_option
 from engine.codec import ROUNDINGS, SCALE_DTYPES, CodecError
 from engine.progress import stderr_progress
 from engine.quant.build import build_artifact
@@ -42,7 +42,7 @@ Plans: {_plan_help()}.""",
               help="Override how group scales are chosen: absmax / qmax, or a search minimising each group's "
               "squared error (mse; same layout and size).")  # fmt: skip
 @count_option("--shard-mib", default=2048, help="Output shard size.")
-@click.option("--device", default="auto", show_default=True, help="Where to quantise: cpu, cuda, or auto.")
+@text_option("--device", default="auto", help="Where to quantise: cpu, cuda, or auto.")
 @click.option("--force", is_flag=True, help="Replace DST if it is an existing artifact.")
 @click.option(
     "--verify/--no-verify", default=True, show_default=True, help="Verify the artifact once written."

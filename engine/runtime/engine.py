@@ -229,6 +229,12 @@ class Engine:
     def close(self) -> None:
         self.cap.__exit__(None, None, None)
 
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     @property
     def device(self) -> torch.device:
         return self.model.device

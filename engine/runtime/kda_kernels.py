@@ -31,21 +31,29 @@ def fla_chunk_kda(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def check_against_reference(kernel: Callable, device: torch.device, *, tolerance: float = 2e-3) -> str | None:
-    """Run `kernel` and `kda_chunked` on the same random inputs (fresh each call, outputs poisoned) and
-    return why they disagree, or None. Tolerance is relative to the output scale (fla's dots are TF32)."""
-    gen = torch.Generator(device="cpu").manual_seed(int(torch.randint(0, 2**31, (1,)).item()))
+def random_kda_inputs(
+    gen: torch.Generator, device: torch.device | str, *, batch: int, tokens: int, heads: int, dim: int
+) -> tuple[torch.Tensor, ...]:
+    """(q, k, v, g, beta, state) as a KDA layer hands them to a prefill kernel: q and k normalised (q
+    scaled), decay g in (-0.5, 0], beta in [0, 1), a small FP32 state; drawn on the CPU from `gen`."""
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen).to(device)
 
-    batch, tokens, heads, dim = 1, 130, 2, 64
     q = l2_normalize(randn(batch, tokens, heads, dim), 1e-6) * dim**-0.5
     k = l2_normalize(randn(batch, tokens, heads, dim), 1e-6)
     v = randn(batch, tokens, heads, dim)
     g = -torch.rand(batch, tokens, heads, dim, generator=gen).to(device) * 0.5
     beta = torch.rand(batch, tokens, heads, generator=gen).to(device)
     state = randn(batch, heads, dim, dim) * 0.1
+    return q, k, v, g, beta, state
+
+
+def check_against_reference(kernel: Callable, device: torch.device, *, tolerance: float = 2e-3) -> str | None:
+    """Run `kernel` and `kda_chunked` on the same random inputs (fresh each call, outputs poisoned) and
+    return why they disagree, or None. Tolerance is relative to the output scale (fla's dots are TF32)."""
+    gen = torch.Generator(device="cpu").manual_seed(int(torch.randint(0, 2**31, (1,)).item()))
+    q, k, v, g, beta, state = random_kda_inputs(gen, device, batch=1, tokens=130, heads=2, dim=64)
     ref_state, out_state = state.clone(), state.clone()
     expected = kda_chunked(q, k, v, g, beta, ref_state)
     out = torch.full_like(expected, float("nan"))

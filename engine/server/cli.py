@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from common.click_options import count_option
+from common.click_options import count_option, text_option
 from common.listen import listening_socket
 from common.logs import configure_logging, log_format_option
 from engine.cli_options import (
@@ -95,7 +95,7 @@ from engine.runtime.kda_kernels import KDA_KERNELS
     show_default=True,
     help="KDA prefill kernel: torch (the engine's chunked form) or fla (GPU); auto takes fla when installed.",
 )
-@click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (keep loopback).")
+@text_option("--host", default="127.0.0.1", help="Bind address (keep loopback).")
 @click.option(
     "--port",
     "-p",
@@ -104,12 +104,7 @@ from engine.runtime.kda_kernels import KDA_KERNELS
     show_default=True,
     help="Port; 0 picks a free one.",
 )
-@click.option(
-    "--served-model-name",
-    default="kimi-linear",
-    show_default=True,
-    help="Model id in /v1/models and responses.",
-)
+@text_option("--served-model-name", default="kimi-linear", help="Model id in /v1/models and responses.")
 @click.option(
     "--scripted-replies",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),

@@ -8,6 +8,7 @@ from urllib.parse import urlsplit
 
 import click
 
+from common.click_options import text_option
 from runners.options import chosen, positive_ints, results_option
 from runners.outcome import report
 from runners.regenerate import regenerate
@@ -60,8 +61,7 @@ SIDE_BY_SIDE_DEFAULTS = {"concurrency": "1,2", "count": 8, "input_len": 64, "out
 
 @click.command("serve")
 @click.option("--endpoint", help="Base URL of the endpoint (http://host:port or http://host:port/v1).")
-@click.option("--dialect", default="chat", show_default=True,
-              help=f"Wire dialect(s) to drive, comma list: {', '.join(DIALECTS)}.")  # fmt: skip
+@text_option("--dialect", default="chat", help=f"Wire dialect(s) to drive, comma list: {', '.join(DIALECTS)}.")  # fmt: skip
 @click.option("--model", help="Model name to send. Default: the first id the endpoint's /v1/models lists.")
 @click.option("--label", help="Name of the endpoint in receipt names and figures. Default: host:port.")
 @click.option("--api-key", envvar="SERVE_API_KEY", help="Credential to send (also read from SERVE_API_KEY).")

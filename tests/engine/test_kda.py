@@ -93,10 +93,7 @@ def test_decode_steps_continue_a_prefill_like_one_long_prefill(tiny_model, rng):
     _, attn = kda_layers(tiny_model)[0]
     cfg = tiny_model.config
     x = torch.randn(2, 12, cfg.hidden_size, generator=rng)
-    state = KDAState(
-        conv=torch.zeros(2, 3, cfg.kda_dim, cfg.conv_kernel_size - 1),
-        recurrent=torch.zeros(2, cfg.kda_num_heads, cfg.kda_head_dim, cfg.kda_head_dim),
-    )
+    state = KDAState.zeros(cfg, 2)
     parts = [attn(x[:, :7], state)] + [attn(x[:, t : t + 1], state) for t in range(7, 12)]
     torch.testing.assert_close(torch.cat(parts, 1), attn(x, None), atol=1e-5, rtol=0)
 
@@ -176,10 +173,7 @@ def test_kda_layer_matches_reference(tiny_model, reference, rng):
     ref_state = reference.new_state()[index]
     expected = torch.stack([reference.kda_token(index, x[0, t].double(), ref_state) for t in range(76)])
 
-    state = KDAState(
-        conv=torch.zeros(1, 3, cfg.kda_dim, cfg.conv_kernel_size - 1),
-        recurrent=torch.zeros(1, cfg.kda_num_heads, cfg.kda_head_dim, cfg.kda_head_dim),
-    )
+    state = KDAState.zeros(cfg, 1)
     got = [attn(x[:, :70], state)[0]]
     got += [attn(x[:, t : t + 1], state)[0] for t in range(70, 76)]
     got = torch.cat(got)
@@ -193,9 +187,6 @@ def test_kda_layer_without_cache_equals_with_cache(tiny_model, rng):
     _, attn = kda_layers(tiny_model)[0]
     cfg = tiny_model.config
     x = torch.randn(2, 9, cfg.hidden_size, generator=rng)
-    state = KDAState(
-        conv=torch.zeros(2, 3, cfg.kda_dim, cfg.conv_kernel_size - 1),
-        recurrent=torch.zeros(2, cfg.kda_num_heads, cfg.kda_head_dim, cfg.kda_head_dim),
-    )
+    state = KDAState.zeros(cfg, 2)
     first, second = attn(x[:, :4], state), attn(x[:, 4:], state)
     torch.testing.assert_close(torch.cat([first, second], 1), attn(x, None), atol=1e-5, rtol=0)

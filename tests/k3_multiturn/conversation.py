@@ -52,7 +52,7 @@ def anthropic_conversation(base: str, stream: bool, api_key: str = "sk-test") ->
         "tools": tools,
         "thinking": {"type": "enabled", "budget_tokens": 512},
     }
-    message = _anthropic_turn(client, stream, {**request, "messages": history})
+    message = _sdk_turn(client.messages, stream, {**request, "messages": history}, "get_final_message")
     thinking = [b for b in message.content if b.type == "thinking"]
     call = next(b for b in message.content if b.type == "tool_use")
     history.append(
@@ -61,7 +61,7 @@ def anthropic_conversation(base: str, stream: bool, api_key: str = "sk-test") ->
     history.append(
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id, "content": RESULT}]}
     )
-    final = _anthropic_turn(client, stream, {**request, "messages": history})
+    final = _sdk_turn(client.messages, stream, {**request, "messages": history}, "get_final_message")
     assert final.content[0].text == "Done."
     return Seen(
         "".join(b.thinking for b in thinking),
@@ -72,11 +72,13 @@ def anthropic_conversation(base: str, stream: bool, api_key: str = "sk-test") ->
     )
 
 
-def _anthropic_turn(client: anthropic.Anthropic, stream: bool, request: dict[str, Any]) -> Any:
+def _sdk_turn(api: Any, stream: bool, request: dict[str, Any], final: str) -> Any:
+    """One turn through an SDK resource (client.messages, client.responses): `create`, or `stream` and
+    the stream's final object (`final` names its getter)."""
     if not stream:
-        return client.messages.create(**request)
-    with client.messages.stream(**request) as events:
-        return events.get_final_message()
+        return api.create(**request)
+    with api.stream(**request) as events:
+        return getattr(events, final)()
 
 
 def responses_conversation(base: str, stream: bool, api_key: str = "sk-test") -> Seen:
@@ -84,12 +86,12 @@ def responses_conversation(base: str, stream: bool, api_key: str = "sk-test") ->
     tools = [{"type": "function", "name": "read_file", "parameters": PARAMETERS, "strict": False}]
     history: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
     request = {"model": "gpt-5", "tools": tools, "store": False, "include": ["reasoning.encrypted_content"]}
-    response = _responses_turn(client, stream, {**request, "input": history})
+    response = _sdk_turn(client.responses, stream, {**request, "input": history}, "get_final_response")
     reasoning = [i for i in response.output if i.type == "reasoning"]
     call = next(i for i in response.output if i.type == "function_call")
     history += [item.model_dump(exclude_none=True) for item in response.output]
     history.append({"type": "function_call_output", "call_id": call.call_id, "output": RESULT})
-    final = _responses_turn(client, stream, {**request, "input": history})
+    final = _sdk_turn(client.responses, stream, {**request, "input": history}, "get_final_response")
     assert final.output_text == "Done."
     return Seen(
         "".join(s.text for i in reasoning for s in i.summary),
@@ -98,13 +100,6 @@ def responses_conversation(base: str, stream: bool, api_key: str = "sk-test") ->
         from_responses_id(call.call_id),
         json.loads(call.arguments),
     )
-
-
-def _responses_turn(client: openai.OpenAI, stream: bool, request: dict[str, Any]) -> Any:
-    if not stream:
-        return client.responses.create(**request)
-    with client.responses.stream(**request) as events:
-        return events.get_final_response()
 
 
 def chat_conversation(base: str, stream: bool, api_key: str = "sk-test") -> Seen:

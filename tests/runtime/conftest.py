@@ -8,18 +8,14 @@ import pytest
 import torch
 
 from engine.runtime import Engine
-from tests.runtime.runtime_support import write_tiny_artifact
+from tests.runtime.runtime_support import tiny_engine, write_tiny_artifact
 
 
 @pytest.fixture(scope="session")
 def engine() -> Engine:
-    """Prefix cache off: tests that want it build their own engine (hits would change what is measured)."""
-    # FP32 (the CPU default may be BF16): the checks compare with FP32 tolerances.
-    eng = Engine.load(
-        synthetic="tiny", device="cpu", dtype=torch.float32, max_context=8192, prefix_cache_gib=0
-    )
-    yield eng
-    eng.close()
+    """Prefix cache off: tests that want it build their own engine."""
+    with tiny_engine() as eng:
+        yield eng
 
 
 @pytest.fixture

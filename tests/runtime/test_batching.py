@@ -16,9 +16,9 @@ import torch.nn.functional as F
 from engine.model import SamplingParams, generate
 from engine.model.moe import expert_ffn
 from engine.model.paths import DECODE_MAX_ROWS
-from engine.runtime import Engine, Failed, Finished, Request, Scheduler, Started, Token
+from engine.runtime import Failed, Finished, Request, Scheduler, Started, Token
 from engine.runtime.batch import bucket_for
-from tests.runtime.runtime_support import random_prompt
+from tests.runtime.runtime_support import random_prompt, running_scheduler, tiny_engine
 from tests.runtime.test_runtime_scheduler import Collector, _wait_until
 
 TIE_TOLERANCE = 1e-3  # logits (FP32, tiny model): far above the batched-vs-alone rounding differences
@@ -48,10 +48,8 @@ def _run(scheduler, requests) -> Collector:
 
 @pytest.fixture
 def batching(engine):
-    s = Scheduler(engine, max_active=8, max_queue=8)
-    s.start()
-    yield s
-    s.stop()
+    with running_scheduler(engine, 8) as s:
+        yield s
 
 
 @pytest.mark.parametrize(("rows", "top_k", "experts"), [(2, 2, 8), (4, 2, 8), (5, 3, 8), (16, 8, 64)])
@@ -106,20 +104,12 @@ def test_sampling_parameters_are_per_sequence(engine, rng):
         "nucleus": Request(prompt, SamplingParams(max_tokens=12, temperature=0.9, top_p=0.5, seed=9)),
     }
     alone = {}
-    single = Scheduler(engine, max_active=1, max_queue=8)
-    single.start()
-    try:
+    with running_scheduler(engine, 1, max_queue=8) as single:
         for label, request in requests.items():
             alone[label] = _run(single, {label: request})
-    finally:
-        single.stop()
-    batched = Scheduler(engine, max_active=8, max_queue=8)
-    batched.start()
-    try:
+    with running_scheduler(engine, 8) as batched:
         together = _run(batched, requests)
         assert max(r.decoded for r in batched.steps) >= 4
-    finally:
-        batched.stop()
     for label in requests:
         assert together.tokens(label) == alone[label].tokens(label), label
         assert together.last(label) == alone[label].last(label), label
@@ -152,23 +142,13 @@ def test_a_cancelled_sequence_frees_its_row_at_the_next_step(engine, batching, r
 
 @pytest.fixture(scope="module")
 def chunked_engine():
-    eng = Engine.load(
-        synthetic="tiny",
-        device="cpu",
-        dtype=torch.float32,
-        max_context=8192,
-        prefill_chunk=512,
-        prefix_cache_gib=0.05,
-    )
-    yield eng
-    eng.close()
+    with tiny_engine(prefill_chunk=512, prefix_cache_gib=0.05) as eng:
+        yield eng
 
 
 def test_a_long_prompt_mid_stream_delays_running_streams_by_one_chunk_per_step(chunked_engine, rng):
     engine = chunked_engine
-    s = Scheduler(engine, max_active=4, max_queue=4)
-    s.start()
-    try:
+    with running_scheduler(engine, 4) as s:
         out = Collector()
         short = random_prompt(rng, 12)
         s.submit(Request(short, SamplingParams(max_tokens=40)), out.sink_for("running"))
@@ -176,8 +156,6 @@ def test_a_long_prompt_mid_stream_delays_running_streams_by_one_chunk_per_step(c
         long = random_prompt(rng, 4096)
         s.submit(Request(long, SamplingParams(max_tokens=8)), out.sink_for("long"))
         out.wait("running", "long")
-    finally:
-        s.stop()
     chunks = 4096 // 512
     assert max(r.prefill_tokens for r in s.steps) <= 512
     prefilling = [r for r in s.steps if r.prefill_tokens][1:]  # the first is the short prompt's
@@ -196,16 +174,12 @@ def test_a_long_prompt_mid_stream_delays_running_streams_by_one_chunk_per_step(c
 
 def test_a_finished_reply_is_kept_for_the_next_turn(chunked_engine, rng):
     engine = chunked_engine
-    s = Scheduler(engine, max_active=2, max_queue=2)
-    s.start()
-    try:
+    with running_scheduler(engine, 2) as s:
         prompt = random_prompt(rng, 40)
         first = _run(s, {"turn1": Request(prompt, SamplingParams(max_tokens=20))})
         reply = first.tokens("turn1")
         follow_up = prompt + reply + random_prompt(rng, 10)
         second = _run(s, {"turn2": Request(follow_up, SamplingParams(max_tokens=10))})
-    finally:
-        s.stop()
     started = next(e for lab, e in second.events if isinstance(e, Started))
     assert started.cached_tokens == len(prompt) + len(reply) - 1  # all but the last token was fed
     want = generate(engine.model, follow_up, SamplingParams(max_tokens=10)).token_ids
@@ -217,14 +191,7 @@ def test_a_finished_reply_is_kept_for_the_next_turn(chunked_engine, rng):
 def test_the_compiled_step_compiles_once_per_bucket_and_gives_the_eager_tokens(rng):
     """All three join in one step: one 4-row runner (compiled by the warm-up, as `serve` does, since the
     compile outlasts the collector's wait), compiled once, no recompiles over the generation."""
-    engine = Engine.load(
-        synthetic="tiny",
-        device="cpu",
-        dtype=torch.float32,
-        max_context=2048,
-        prefix_cache_gib=0,
-        step="compiled",
-    )
+    engine = tiny_engine(max_context=2048, step="compiled")
     assert engine.warm_up(256, batch=4) is not None
     s = Scheduler(engine, max_active=4, max_queue=4)
     s.start()
@@ -259,9 +226,7 @@ def test_the_compiled_step_compiles_once_per_bucket_and_gives_the_eager_tokens(r
 @pytest.mark.gpu
 def test_cuda_graphs_per_bucket_give_the_tokens_of_eager_decode(rng):
     """One graph per (bucket, capacity) in the pool's shared graph memory, replayed for every step."""
-    engine = Engine.load(
-        synthetic="tiny", device="cuda", dtype=torch.float32, max_context=4096, prefix_cache_gib=0
-    )
+    engine = tiny_engine(device="cuda", max_context=4096)
     s = Scheduler(engine, max_active=8, max_queue=8)
     s.start()
     try:

@@ -28,9 +28,8 @@ def _load(step: str, **kwargs) -> Engine:
 
 @pytest.fixture(scope="module")
 def compiled_engine():
-    eng = _load("compiled", synthetic="tiny")
-    yield eng
-    eng.close()
+    with _load("compiled", synthetic="tiny") as eng:
+        yield eng
 
 
 def _lockstep(

@@ -11,9 +11,9 @@ from engine.model import KimiLinearForCausalLM, SamplingParams, generate
 from engine.model.paths import DECODE_MAX_ROWS
 from engine.model.presets import FULL, TINY
 from engine.quant import make_plan, quantized_meta_model
-from engine.runtime import Engine, Sampler
+from engine.runtime import Sampler
 from engine.runtime.decode import graph_capturable
-from tests.runtime.runtime_support import random_prompt
+from tests.runtime.runtime_support import decode_with_and_without_graphs, random_prompt, tiny_engine
 
 
 def test_static_buffer_runner_gives_the_tokens_of_plain_generate(engine, rng):
@@ -108,27 +108,14 @@ def test_graphs_are_captured_only_for_static_expert_shapes():
 
 @pytest.mark.gpu
 def test_cuda_graph_replay_gives_the_tokens_of_eager_decode(rng):
-    graphs = Engine.load(
-        synthetic="tiny", device="cuda", dtype=torch.float32, max_context=4096, prefix_cache_gib=0
-    )
-    eager = Engine.load(
-        synthetic="tiny",
-        device="cuda",
-        dtype=torch.float32,
-        max_context=4096,
-        prefix_cache_gib=0,
-        cuda_graphs=False,
-    )
+    graphs = tiny_engine(device="cuda", max_context=4096)
+    eager = tiny_engine(device="cuda", max_context=4096, cuda_graphs=False)
     try:
         for n_prompt in (5, 300):
             prompt = random_prompt(rng, n_prompt)
-            runs = []
-            for eng in (graphs, eager):
-                seq = eng.prefill([prompt], max_new_tokens=48)
-                runs.append(eng.decode(seq, 48))
-                eng.release(seq)
-            assert runs[0] == runs[1]
-            assert runs[1] == [generate(eager.model, prompt, SamplingParams(max_tokens=48)).token_ids]
+            replayed, eager_tokens = decode_with_and_without_graphs(graphs, eager, prompt, 48)
+            assert replayed == eager_tokens
+            assert eager_tokens == [generate(eager.model, prompt, SamplingParams(max_tokens=48)).token_ids]
         assert graphs.pool.graphs_captured >= 1 and eager.pool.graphs_captured == 0
         # a reused cache replays its graph again (no new capture)
         captured = graphs.pool.graphs_captured

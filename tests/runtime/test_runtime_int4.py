@@ -19,7 +19,11 @@ from engine.quant import (
 )
 from engine.runtime import Engine, MemoryPlanError, ModelSourceError, open_model_source
 from engine.runtime.memory import dequantize_workspace_bytes, module_bytes
-from tests.runtime.runtime_support import ARTIFACT_CHAT_TEMPLATE, random_prompt
+from tests.runtime.runtime_support import (
+    ARTIFACT_CHAT_TEMPLATE,
+    decode_with_and_without_graphs,
+    random_prompt,
+)
 
 OPS = ("route_combine", "w16a16_gemv", "w4a16_gemv", "w4a16_grouped_gemv", "w4a16_grouped_swiglu",
        "rms_norm", "kda_decode_step", "route_topk")  # fmt: skip
@@ -29,11 +33,10 @@ CPU_DEFAULT_KERNELS = {op: SHIPPED_DEFAULTS["cpu"][op] for op in OPS}
 @pytest.fixture(scope="module")
 def int4_engine(tiny_artifact):
     _, artifact = tiny_artifact
-    eng = Engine.load(
+    with Engine.load(
         weights=artifact, device="cpu", dtype=torch.float32, max_context=2048, prefix_cache_gib=0
-    )
-    yield eng
-    eng.close()
+    ) as eng:
+        yield eng
 
 
 def test_quantize_carries_tokenizer_config_and_chat_template_into_the_artifact(tiny_artifact):
@@ -179,13 +182,10 @@ def test_packed_decode_replays_cuda_graphs_with_the_tokens_of_eager_decode(rng):
     try:
         assert graphs.kernel_variants["w4a16_grouped_swiglu"] == "triton_fused"
         for n_prompt in (5, 300):
-            prompt = random_prompt(rng, n_prompt)
-            runs = []
-            for eng in (graphs, eager):
-                seq = eng.prefill([prompt], max_new_tokens=32)
-                runs.append(eng.decode(seq, 32))
-                eng.release(seq)
-            assert runs[0] == runs[1]
+            replayed, eager_tokens = decode_with_and_without_graphs(
+                graphs, eager, random_prompt(rng, n_prompt), 32
+            )
+            assert replayed == eager_tokens
         assert graphs.pool.graphs_captured >= 1 and eager.pool.graphs_captured == 0
     finally:
         graphs.close()

@@ -8,9 +8,14 @@ import pytest
 import torch
 
 import engine.model.kda as kda_module
-from engine.model.kda import KimiDeltaAttention, kda_chunked, l2_normalize
+from engine.model.kda import KimiDeltaAttention, kda_chunked
 from engine.runtime import Engine
-from engine.runtime.kda_kernels import check_against_reference, fla_chunk_kda, select_kda_kernel
+from engine.runtime.kda_kernels import (
+    check_against_reference,
+    fla_chunk_kda,
+    random_kda_inputs,
+    select_kda_kernel,
+)
 from tests.runtime.runtime_support import random_prompt
 
 
@@ -68,23 +73,10 @@ def test_the_kernel_check_accepts_the_reference_and_catches_a_wrong_kernel():
     assert check_against_reference(broken, cpu) == "RuntimeError: no kernel image for this device"
 
 
-def _kda_inputs(rng, device, batch=2, tokens=300, heads=4, dim=128):
-    def randn(*shape):
-        return torch.randn(*shape, generator=rng).to(device)
-
-    q = l2_normalize(randn(batch, tokens, heads, dim), 1e-6) * dim**-0.5
-    k = l2_normalize(randn(batch, tokens, heads, dim), 1e-6)
-    v = randn(batch, tokens, heads, dim)
-    g = -torch.rand(batch, tokens, heads, dim, generator=rng).to(device) * 0.5
-    beta = torch.rand(batch, tokens, heads, generator=rng).to(device)
-    state = randn(batch, heads, dim, dim) * 0.1
-    return q, k, v, g, beta, state
-
-
 @pytest.mark.gpu
 def test_fla_chunk_kda_matches_the_chunked_form(rng):
     pytest.importorskip("fla.ops.kda")
-    q, k, v, g, beta, state = _kda_inputs(rng, "cuda")
+    q, k, v, g, beta, state = random_kda_inputs(rng, "cuda", batch=2, tokens=300, heads=4, dim=128)
     ref_state, fla_state = state.clone(), state.clone()
     expected = kda_chunked(q, k, v, g, beta, ref_state)
     out = torch.full_like(expected, float("nan"))

@@ -7,18 +7,14 @@ import pytest
 import torch
 
 from engine.model import SamplingParams, generate
-from engine.runtime import Engine
 from engine.runtime.prefix_cache import PrefixCache
-from tests.runtime.runtime_support import random_prompt
+from tests.runtime.runtime_support import random_prompt, tiny_engine
 
 
 @pytest.fixture(scope="module")
 def cached_engine():
-    eng = Engine.load(
-        synthetic="tiny", device="cpu", dtype=torch.float32, max_context=4096, prefix_cache_gib=0.05
-    )  # FP32: the checks compare with FP32 tolerances
-    yield eng
-    eng.close()
+    with tiny_engine(max_context=4096, prefix_cache_gib=0.05) as eng:
+        yield eng
 
 
 def _prefill(engine, prompt):

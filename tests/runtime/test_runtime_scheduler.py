@@ -8,8 +8,8 @@ import time
 import pytest
 
 from engine.model import SamplingParams, generate
-from engine.runtime import Failed, Finished, QueueFull, Request, Scheduler, Started, Token
-from tests.runtime.runtime_support import random_prompt
+from engine.runtime import Failed, Finished, QueueFull, Request, Started, Token
+from tests.runtime.runtime_support import random_prompt, running_scheduler
 
 TIMEOUT_S = 30
 
@@ -46,10 +46,8 @@ class Collector:
 
 @pytest.fixture
 def scheduler(engine):
-    s = Scheduler(engine, max_active=2, max_queue=2)
-    s.start()
-    yield s
-    s.stop()
+    with running_scheduler(engine, 2) as s:
+        yield s
 
 
 def _wait_until(condition):
@@ -89,9 +87,7 @@ def test_stop_token_ends_with_stop(engine, scheduler, rng):
 
 
 def test_a_full_queue_pushes_back_and_fifo_order_holds(engine, rng):
-    s = Scheduler(engine, max_active=1, max_queue=2)
-    s.start()
-    try:
+    with running_scheduler(engine, 1, max_queue=2) as s:
         out = Collector()
         s.pause()
         for label in "xyz":  # one for the free slot, two waiting
@@ -103,8 +99,6 @@ def test_a_full_queue_pushes_back_and_fifo_order_holds(engine, rng):
         out.wait("x", "y", "z")
         assert [lab for lab, e in out.events if isinstance(e, Started)] == ["x", "y", "z"]
         assert [lab for lab, e in out.events if isinstance(e, Finished)] == ["x", "y", "z"]
-    finally:
-        s.stop()
 
 
 def test_cancel_frees_the_sequence_at_once(engine, scheduler, rng):
@@ -174,9 +168,7 @@ def test_long_prefill_logs_progress(caplog, rng):
     eng = Engine.load(
         synthetic="tiny", device="cpu", max_context=512, prefill_chunk=chunk, prefix_cache_gib=0
     )
-    s = Scheduler(eng, max_active=1, max_queue=1)
-    s.start()
-    try:
+    with running_scheduler(eng, 1) as s:
         n_chunks = 2 * PREFILL_LOG_EVERY_CHUNKS + 1
         with caplog.at_level("INFO", logger="engine.runtime.scheduler"):
             for label, length in (
@@ -196,5 +188,3 @@ def test_long_prefill_logs_progress(caplog, rng):
         assert lines[0].startswith(f"prefill {every}/{total} tokens") and "tok/s, about" in lines[0]
         assert lines[1].startswith(f"prefill {2 * every}/{total} tokens")
         assert lines[-1].startswith(f"prefill {total}/{total} tokens (100%)") and "left" not in lines[-1]
-    finally:
-        s.stop()
