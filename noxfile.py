@@ -189,25 +189,26 @@ def selfcheck(session: nox.Session) -> None:
     regenerate(session)
 
 
-@nox.session(python=PYTHON)
-def report(session: nox.Session) -> None:
-    """Regenerate results/RESULTS.md from the receipts."""
-    harness(session, "report")
+def harness_session(command: str, description: str) -> None:
+    """Register `nox -s COMMAND`: install the project and run `kimi-harness COMMAND`."""
+
+    def session(session: nox.Session) -> None:
+        harness(session, command)
+
+    session.__doc__ = description
+    nox.session(name=command, python=PYTHON)(session)
 
 
-@nox.session(python=PYTHON)
-def claims(session: nox.Session) -> None:
-    """Regenerate docs/CLAIMS.md: published claims against the ceilings `kimi-harness plan` computes."""
-    harness(session, "claims")
-
-
-@nox.session(python=PYTHON)
-def figures(session: nox.Session) -> None:
-    """Regenerate docs/figures/ (PNG + PDF + data) from the receipts."""
-    harness(session, "figures")
-
-
-@nox.session(python=PYTHON)
-def audit(session: nox.Session) -> None:
-    """Fail when a receipt, RESULTS.md, a figure or a number in the docs does not match the evidence."""
-    harness(session, "audit")
+for _command, _description in (
+    ("report", "Regenerate results/RESULTS.md from the receipts."),
+    (
+        "claims",
+        "Regenerate docs/CLAIMS.md: published claims against the ceilings `kimi-harness plan` computes.",
+    ),
+    ("figures", "Regenerate docs/figures/ (PNG + PDF + data) from the receipts."),
+    (
+        "audit",
+        "Fail when a receipt, RESULTS.md, a figure or a number in the docs does not match the evidence.",
+    ),
+):
+    harness_session(_command, _description)
