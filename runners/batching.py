@@ -36,7 +36,7 @@ from engine.cli_options import (
     synthetic_option,
 )
 from engine.model import SamplingParams
-from engine.runtime import LOAD_ERRORS, Engine, Failed, Finished, Request, Scheduler, Token
+from engine.runtime import LOAD_ERRORS, Engine, Failed, Finished, Request, Scheduler, Token, TorchThread
 from engine.runtime.batch import buckets_upto
 from engine.runtime.compiled import step_option
 from harness.receipt import write_receipt
@@ -95,12 +95,12 @@ def run_round(scheduler: Scheduler, prompts: list[list[int]], gen_tokens: int) -
     }
 
 
-def measure(engine: Engine, concurrency: int, prompt_tokens: int, gen_tokens: int, repeats: int,
-            generator: torch.Generator) -> dict[str, list[float]]:  # fmt: skip
+def measure(engine: Engine, torch_thread: TorchThread, concurrency: int, prompt_tokens: int, gen_tokens: int,
+            repeats: int, generator: torch.Generator) -> dict[str, list[float]]:  # fmt: skip
     """One untimed round, then `repeats` timed ones, each on fresh prompts."""
     vocab = engine.model.config.vocab_size
     prompts = lambda: torch.randint(0, vocab, (concurrency, prompt_tokens), generator=generator).tolist()
-    scheduler = Scheduler(engine, max_active=concurrency, max_queue=concurrency)
+    scheduler = Scheduler(engine, max_active=concurrency, max_queue=concurrency, torch_thread=torch_thread)
     scheduler.start()
     try:
         run_round(scheduler, prompts(), gen_tokens)
@@ -142,8 +142,10 @@ def batching_command(synthetic, device, dtype, concurrency, prompt_tokens, gen_t
     memory_cap_gib = resolve_memory_cap(memory_cap_gib, device)
     label = f"synthetic-{synthetic}"
     click.echo(f"loading {label} ({dtype}) on {device} ...", err=True)
+    torch_thread = TorchThread()  # loads, warms up and runs the scheduler, as `kimi-engine serve` does
     try:
-        engine = Engine.load(
+        engine = torch_thread.call(
+            Engine.load,
             synthetic=synthetic,
             seed=seed,
             device=device,
@@ -160,13 +162,13 @@ def batching_command(synthetic, device, dtype, concurrency, prompt_tokens, gen_t
     measured: dict[int, tuple[dict, dict]] = {}
     try:
         for rows in buckets_upto(max(levels)):
-            compile_s = engine.warm_up(prompt_tokens + gen_tokens, batch=rows)
+            compile_s = torch_thread.call(engine.warm_up, prompt_tokens + gen_tokens, batch=rows)
             if compile_s is not None:
                 click.echo(f"compiled the decode step for {rows} rows in {compile_s:.1f} s", err=True)
         for c in levels:
             click.echo(f"concurrency {c} ...", err=True)
             with MemoryCap(memory_cap_gib, device=device, poll_s=0.1) as mem:
-                samples = measure(engine, c, prompt_tokens, gen_tokens, repeats, generator)
+                samples = measure(engine, torch_thread, c, prompt_tokens, gen_tokens, repeats, generator)
             measured[c] = (samples, mem.report())
         config = {
             "model": label,
@@ -185,6 +187,7 @@ def batching_command(synthetic, device, dtype, concurrency, prompt_tokens, gen_t
         }
     finally:
         engine.close()
+        torch_thread.close()
     baseline = statistics.median(measured[1][0]["aggregate_tok_s"]) if 1 in measured else None
     written = []
     for c, (samples, memory) in measured.items():

@@ -7,6 +7,7 @@ from engine.runtime.loader import ModelSource, ModelSourceError, open_model_sour
 from engine.runtime.memory import MemoryPlan, MemoryPlanError, plan_memory
 from engine.runtime.sampling import Sampler
 from engine.runtime.scheduler import Failed, Finished, Handle, QueueFull, Request, Scheduler, Started, Token
+from engine.runtime.torch_thread import TorchThread
 
 __all__ = [
     "LOAD_ERRORS",
@@ -27,6 +28,7 @@ __all__ = [
     "Sequence",
     "Started",
     "Token",
+    "TorchThread",
     "build_model",
     "open_model_source",
     "plan_memory",

@@ -23,6 +23,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -33,6 +34,7 @@ from engine.model import SamplingParams
 from engine.model.generate import LogitsProcessor
 from engine.runtime.engine import Engine, EngineBusy, Sequence
 from engine.runtime.sampling import Sampler
+from engine.runtime.torch_thread import TorchThread
 
 log = logging.getLogger(__name__)
 PREFILL_LOG_EVERY_CHUNKS = 4
@@ -147,6 +149,7 @@ class Scheduler:
         max_queue: int = 16,
         retry_after_s: int = 1,
         prefill_budget: int | None = None,
+        torch_thread: TorchThread | None = None,
     ):
         if max_active < 1 or max_queue < 0:
             raise ValueError("max_active must be positive and max_queue non-negative")
@@ -163,21 +166,26 @@ class Scheduler:
         self._active: list[_Active] = []
         self._paused = False
         self._stopping = False
-        self._thread: threading.Thread | None = None
+        # The loop runs on the thread that loaded the engine where the caller gives it (torch_thread.py).
+        self._own_thread = torch_thread is None
+        self._torch_thread = torch_thread or TorchThread("model-executor")
+        self._loop: Future | None = None
         self.counts = {"completed": 0, "cancelled": 0, "failed": 0, "rejected": 0}
 
     # ------------------------------------------------------------------ control (any thread)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="model-executor", daemon=True)
-        self._thread.start()
+        self._loop = self._torch_thread.submit(self._run)
+        self._loop.add_done_callback(_report_crash)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
+        if self._loop is not None:
+            wait([self._loop], timeout_s)
+        if self._own_thread:
+            self._torch_thread.close()
 
     def submit(self, request: Request, sink: Sink) -> Handle:
         handle = Handle(request, sink)
@@ -423,6 +431,11 @@ class Scheduler:
             waiting, self._waiting = list(self._waiting), deque()
         for handle in waiting:
             self._fail(handle, "the server is shutting down", "shutdown")
+
+
+def _report_crash(loop: Future) -> None:
+    if (error := loop.exception()) is not None:
+        log.error("the model executor stopped", exc_info=error)
 
 
 def _failure(e: Exception) -> Failed:

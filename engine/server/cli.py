@@ -161,7 +161,7 @@ def serve_command(
     import uvicorn
 
     from engine.kernels import KernelSelectionError, named_choices
-    from engine.runtime import LOAD_ERRORS, Engine, Scheduler
+    from engine.runtime import LOAD_ERRORS, Engine, Scheduler, TorchThread
     from engine.runtime.batch import buckets_upto
     from engine.runtime.compiled import inductor_cache_dir
     from engine.server.app import ServerContext, create_app
@@ -179,8 +179,12 @@ def serve_command(
         kernels = named_choices(kernel_selection)
     except KernelSelectionError as e:
         raise click.BadParameter(str(e), param_hint="--kernels") from None
+    torch_thread = (
+        TorchThread()
+    )  # loads, warms up and serves: one OpenMP pool (engine/runtime/torch_thread.py)
     try:
-        engine = Engine.load(
+        engine = torch_thread.call(
+            Engine.load,
             weights=weights,
             synthetic=synthetic,
             seed=seed,
@@ -212,7 +216,7 @@ def serve_command(
         scripted = ScriptedReplies.from_file(scripted_replies, engine.tokenizer) if scripted_replies else None
     except ScriptError as e:
         raise click.ClickException(str(e)) from None
-    scheduler = Scheduler(engine, max_active=max_sequences, max_queue=max_queue)
+    scheduler = Scheduler(engine, max_active=max_sequences, max_queue=max_queue, torch_thread=torch_thread)
     context = ServerContext(engine, scheduler, template, served_model_name, scripted)
 
     try:
@@ -224,7 +228,7 @@ def serve_command(
         click.echo(f"compiling the decode step (Inductor cache: {inductor_cache_dir()}) ...")
         for rows in buckets_upto(max_sequences):  # every batch bucket, so none compiles mid-stream
             sys.stdout.flush()
-            compile_s = engine.warm_up(batch=rows)
+            compile_s = torch_thread.call(engine.warm_up, batch=rows)
             if compile_s is not None:
                 click.echo(f"compiled the decode step for {rows} sequence(s) in {compile_s:.1f} s")
     shown_host = f"[{host}]" if ":" in host else host
