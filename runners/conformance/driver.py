@@ -163,7 +163,7 @@ class Driver:
         details = self._details(case, argv, evidence, stdout, stderr) if problem else []
         traffic = [f"{hit.method} {hit.path.split('?')[0]} -> {hit.status}" for hit in evidence.hits]
         engine = [e.kind for e in evidence.exchanges]
-        return Result(case, problem is None, seconds, problem, details, traffic, engine)
+        return Result(case, problem is None, seconds, problem, details, traffic, engine, returncode is None)
 
     def _details(self, case: Case, argv: list[str], ev: Evidence, stdout: str, stderr: str) -> list[str]:
         dump = self.log_dir / f"{case.key}.json"

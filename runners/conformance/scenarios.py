@@ -420,6 +420,7 @@ class Result:
     details: list[str] = field(default_factory=list)  # evidence lines for the report
     traffic: list[str] = field(default_factory=list)  # every request the client made to k3, with k3's status
     engine: list[str] = field(default_factory=list)  # the kind of every request k3 made to the engine
+    timed_out: bool = False  # the client was still running at the driver's timeout
 
     def headline(self) -> str:
         c = self.case
