@@ -105,16 +105,18 @@ def expert_ffn(
     if takes_decode_path(expert_ids.shape[0]):
         return _expert_ffn_gathered(x, expert_ids, expert_weights, w1, w3, w2)
     counts = torch.bincount(expert_ids.reshape(-1), minlength=w1.shape[0])
-    most = max(counts.tolist())  # the host read of the counts
-    if most <= PADDED_MAX_ROWS:
-        return _expert_ffn_padded(x, expert_ids, expert_weights, counts, most, w1, w3, w2)
-    return grouped_expert_ffn(x, expert_ids, expert_weights, w1.shape[0], lambda e: (w1[e], w3[e], w2[e]))
+    per_expert = counts.tolist()  # the host read of the counts, for either path
+    if max(per_expert) <= PADDED_MAX_ROWS:
+        return _expert_ffn_padded(x, expert_ids, expert_weights, counts, max(per_expert), w1, w3, w2)
+    return grouped_expert_ffn(
+        x, expert_ids, expert_weights, w1.shape[0], lambda e: (w1[e], w3[e], w2[e]), counts=per_expert
+    )
 
 
 def _expert_ffn_padded(x, expert_ids, expert_weights, counts, most, w1, w3, w2):
     """Every expert's rows in one batched product: rows sorted by expert into [E, max rows, hidden], zero
     padded. Three calls in all, where one matmul per expert pays a call's overhead for a few rows each."""
-    n_tokens, top_k = expert_ids.shape
+    top_k = expert_ids.shape[1]
     flat = expert_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
     expert_of = flat[order]
@@ -123,9 +125,16 @@ def _expert_ffn_padded(x, expert_ids, expert_weights, counts, most, w1, w3, w2):
     xs[expert_of, slot] = x[order // top_k]
     hidden = F.silu(torch.bmm(xs, w1.transpose(1, 2))) * torch.bmm(xs, w3.transpose(1, 2))
     out = torch.bmm(hidden, w2.transpose(1, 2))[expert_of, slot].float()
+    return _combine(out, order, expert_ids, expert_weights, x.dtype)
+
+
+def _combine(out: torch.Tensor, order: torch.Tensor, expert_ids, expert_weights, dtype) -> torch.Tensor:
+    """The outputs of the assignments sorted by `order` (FP32), weighted by their router weights and
+    summed per token, in `dtype`."""
+    n_tokens, top_k = expert_ids.shape
     out *= expert_weights.reshape(-1)[order].unsqueeze(-1)
-    total = torch.zeros(n_tokens, x.shape[-1], dtype=torch.float32, device=x.device)
-    return total.index_add_(0, order // top_k, out).to(x.dtype)
+    total = torch.zeros(n_tokens, out.shape[-1], dtype=torch.float32, device=out.device)
+    return total.index_add_(0, order // top_k, out).to(dtype)
 
 
 def _expert_ffn_gathered(x, expert_ids, expert_weights, w1, w3, w2):
@@ -143,16 +152,19 @@ def grouped_expert_ffn(
     expert_weights: torch.Tensor,
     num_experts: int,
     expert_matrices: Callable[[int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+    *,
+    counts: list[int] | None = None,
 ) -> torch.Tensor:
     """The many-token form of `expert_ffn`: assignments sorted by expert, one matmul per expert that has
     tokens. `expert_matrices(e)` returns expert e's dense (w1, w3, w2); a packed bank dequantises there.
-    Reads the per-expert counts on the host (a sync), so it is for prefill, not a captured decode step."""
+    Reads the per-expert counts on the host (a sync; `counts` when the caller has read them), so it is
+    for prefill, not a captured decode step."""
 
     def run(expert: int, rows: torch.Tensor) -> torch.Tensor:
         w1, w3, w2 = expert_matrices(expert)
         return F.linear(F.silu(F.linear(rows, w1)) * F.linear(rows, w3), w2)
 
-    return grouped_expert_rows(x, expert_ids, expert_weights, num_experts, run)
+    return grouped_expert_rows(x, expert_ids, expert_weights, num_experts, run, counts=counts)
 
 
 def grouped_expert_rows(
@@ -161,24 +173,23 @@ def grouped_expert_rows(
     expert_weights: torch.Tensor,
     num_experts: int,
     run_expert: Callable[[int, torch.Tensor], torch.Tensor],
+    *,
+    counts: list[int] | None = None,
 ) -> torch.Tensor:
     """`grouped_expert_ffn` for any weight format: `run_expert(e, rows [n, hidden])` returns expert e's
     output for the rows routed to it (e.g. through a W4A16 kernel, without a dense matrix)."""
-    n_tokens, top_k = expert_ids.shape
     flat_ids = expert_ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)
-    token_of = order // top_k
-    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
-    xs = x[token_of]
+    if counts is None:
+        counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
+    xs = x[order // expert_ids.shape[1]]
     out = torch.empty(order.numel(), x.shape[-1], dtype=torch.float32, device=x.device)
     begin = 0
     for expert, count in enumerate(counts):
         if count:
             out[begin : begin + count] = run_expert(expert, xs[begin : begin + count]).float()
             begin += count
-    out *= expert_weights.reshape(-1)[order].unsqueeze(-1)
-    total = torch.zeros(n_tokens, x.shape[-1], dtype=torch.float32, device=x.device)
-    return total.index_add_(0, token_of, out).to(x.dtype)
+    return _combine(out, order, expert_ids, expert_weights, x.dtype)
 
 
 class ExpertBank(nn.Module):

@@ -227,14 +227,16 @@ def kernel_variants(model: KimiLinearForCausalLM) -> dict[str, str]:
     """The variant bound for each kernel operation the model calls (for a dense model: the decode GEMV of
     its Linears where one is bound, else empty)."""
     found: dict[str, str] = {}
+    dense_gemv = None  # of plain Linears with a decode GEMV bound (engine.kernels.linear)
     for module in model.modules():
         if isinstance(module, PackedLinear | PackedExpertBank):
             found.update({op: selection.variant.name for op, selection in module.kernels.items()})
+        elif isinstance(module, Linear) and module.decode_variant:
+            dense_gemv = module.decode_variant
     if found:  # a packed model: the fused decode kernels were bound with the same selections
         found.update(fused_variants(model))
-    for module in model.modules():  # plain Linears with a decode GEMV (engine.kernels.linear)
-        if isinstance(module, Linear) and module.decode_variant:
-            found["w16a16_gemv"] = module.decode_variant
+    if dense_gemv is not None:
+        found["w16a16_gemv"] = dense_gemv
     return dict(sorted(found.items()))
 
 

@@ -318,12 +318,12 @@ class Scheduler:
         prompts = [a for a in self._active if not a.seq.generated]
         while prompts and budget > 0:  # every pass spends budget or finishes (or fails) a prompt
             active = prompts[0]
-            group = self._prefill_group(active, prompts, budget)
+            room = min(budget, self.engine.plan.prefill_chunk)  # one pass's tokens, all rows together
+            group = self._prefill_group(prompts, room)
             if group:
-                room = min(budget, self.engine.plan.prefill_chunk) // len(group)
-                tokens = min(room, *(a.seq.pending.shape[1] for a in group))
+                tokens = min(room // len(group), *(a.seq.pending.shape[1] for a in group))
                 seqs = [a.seq for a in group]
-                done = self._guarded_all(group, partial(self.engine.prefill_together, seqs, tokens))
+                done = self._guarded(group, partial(self.engine.prefill_together, seqs, tokens))
                 if done is False:  # no memory for the group's cache now: one by one
                     group = []
                 elif done is True:
@@ -332,13 +332,13 @@ class Scheduler:
                 group = [active]
                 n = min(budget, active.seq.pending.shape[1])
                 budget -= n
-                done = self._guarded(active, partial(self.engine.prefill_step, active.seq, n))
+                done = self._guarded(group, partial(self.engine.prefill_step, active.seq, n))
             if not isinstance(done, Exception):
                 for member in group:
                     member.prefill.step(member.seq)
                     if member.seq.prefilled:
                         first = self._guarded(
-                            member, partial(self.engine.next_token, member.seq, member.sampler)
+                            [member], partial(self.engine.next_token, member.seq, member.sampler)
                         )
                         if isinstance(first, list):  # else the error that ended it
                             self._deliver(member, first[0])
@@ -346,16 +346,18 @@ class Scheduler:
             prompts = [a for a in prompts if id(a) in running and not a.seq.generated]
         return self.prefill_budget - budget
 
-    def _prefill_group(self, head: _Active, candidates: list[_Active], budget: int) -> list[_Active]:
-        """The prompts to prefill together with `head` (it first), or [] when it goes alone."""
-        seq = head.seq
-        if seq.batch_size != 1 or seq.prefilled:
+    @staticmethod
+    def _prefill_group(prompts: list[_Active], room: int) -> list[_Active]:
+        """The prompts to prefill together with the oldest (it first; at most `room`, one token each), or
+        [] when it goes alone."""
+        length = prompts[0].seq.held.cache.length
+
+        def joins(seq: Sequence) -> bool:
+            return seq.batch_size == 1 and not seq.prefilled and seq.held.cache.length == length
+
+        if not joins(prompts[0].seq):
             return []
-        length = seq.held.cache.length
-        group = [
-            a for a in candidates
-            if a.seq.batch_size == 1 and not a.seq.prefilled and a.seq.held.cache.length == length
-        ][: min(budget, self.engine.plan.prefill_chunk)]  # fmt: skip
+        group = [a for a in prompts if joins(a.seq)][:room]
         return group if len(group) > 1 else []
 
     def _join(self) -> None:
@@ -372,22 +374,14 @@ class Scheduler:
         for active in ready[:joined]:
             active.joined = True
 
-    def _guarded_all(self, group: list[_Active], work: Callable[[], object]) -> object:
-        """`_guarded` for work that serves a group at once: on an error, each of them fails."""
+    def _guarded(self, group: list[_Active], work: Callable[[], object]) -> object:
+        """Run work for these sequences (one, or a group served at once) and return its result; on an
+        error, end each of them as failed and return the error."""
         try:
             return work()
         except Exception as e:
             for active in group:
                 self._end(active, _failure(e))
-            return e
-
-    def _guarded(self, active: _Active, work: Callable[[], object]) -> object:
-        """Run one sequence's work and return its result; on an error, end the sequence as failed and
-        return the error."""
-        try:
-            return work()
-        except Exception as e:
-            self._end(active, _failure(e))
             return e
 
     def _deliver(self, active: _Active, token: int) -> None:

@@ -179,9 +179,8 @@ def serve_command(
         kernels = named_choices(kernel_selection)
     except KernelSelectionError as e:
         raise click.BadParameter(str(e), param_hint="--kernels") from None
-    torch_thread = (
-        TorchThread()
-    )  # loads, warms up and serves: one OpenMP pool (engine/runtime/torch_thread.py)
+    # One thread loads, warms up and serves: one OpenMP pool (engine/runtime/torch_thread.py).
+    torch_thread = TorchThread()
     try:
         engine = torch_thread.call(
             Engine.load,
