@@ -19,7 +19,7 @@ import torch
 
 ACTIVATION = torch.bfloat16
 SCALE = torch.bfloat16
-OUT_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 @dataclass
@@ -59,7 +59,7 @@ def _routes(batch: int, slots: int, experts: int, gen, device) -> torch.Tensor:
 def _gemv_case(fmt: str) -> Callable[[dict, torch.Generator | None, torch.device | str], Case]:
     def build(shape: dict, gen: torch.Generator | None, device) -> Case:
         b, n, k = shape["B"], shape["N"], shape["K"]
-        x = _x((b, k), gen, device)
+        x = _x((b, k), gen, device).to(_activation(shape))
         out_dtype = OUT_DTYPES[shape.get("out", "bf16")]
         args: tuple
         if fmt == "int4":

@@ -105,6 +105,9 @@ EDGE_SHAPES: dict[str, list[dict]] = {
     ],
     "w16a16_gemv": [
         {"name": "edge_b1", "B": 1, "N": 50, "K": 96, "out": "fp32"},
+        {"name": "edge_b2", "B": 2, "N": 23, "K": 136},
+        {"name": "edge_b3_fp32_x", "B": 3, "N": 19, "K": 200, "act": "fp32"},
+        {"name": "edge_b5_fp16_weight", "B": 5, "N": 17, "K": 168, "weight": "fp16"},
         {"name": "edge_b7", "B": 7, "N": 21, "K": 200},
         {"name": "edge_b2_fp32_weight", "B": 2, "N": 40, "K": 160, "out": "fp32", "weight": "fp32"},
     ],

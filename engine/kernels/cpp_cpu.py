@@ -140,7 +140,7 @@ def w4a16_gemv(x, codes, scales, group_size, *, out=None, out_dtype=None):
     return out
 
 
-@_variant("w16a16_gemv", "C++ GEMV reading the BF16/FP16 weight as stored, FP32 activations and sums")
+@_variant("w16a16_gemv", "C++ GEMV on the 16-bit weight as stored, FP32 sums (BF16 pairs with AVX512-BF16)")
 def w16a16_gemv(x, weight, *, out=None, out_dtype=None):
     shape = gemv_shape("dense", x, weight, None, None)
     out = output(out, (shape.batch, shape.n), out_dtype or x.dtype, x.device)
