@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#if defined(__AVX512F__)
+#if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #endif
 
@@ -337,7 +337,18 @@ at::Tensor w4a16_grouped_swiglu(const at::Tensor& x, const at::Tensor& gate, con
 
 }  // namespace
 
+// Denormal FP32 inputs and results taken as zero (MXCSR's DAZ and FTZ bits) on the calling thread and on
+// each thread of its OpenMP team: a range of one index per thread puts one index on each.
+void flush_denormals() {
+#if defined(__x86_64__) || defined(_M_X64)
+  const auto flush = [] { _mm_setcsr(_mm_getcsr() | 0x8040); };
+  flush();
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) { flush(); });
+#endif
+}
+
 TORCH_LIBRARY(kimi_cpp_cpu, m) {
+  m.def("flush_denormals() -> ()", &flush_denormals);
   m.def("mm(Tensor x, Tensor codes, Tensor scales, int group) -> Tensor");
   m.def("w16_mm(Tensor x, Tensor weight) -> Tensor");
   m.def("grouped(Tensor x, Tensor codes, Tensor scales, Tensor route_ids, int group) -> Tensor");

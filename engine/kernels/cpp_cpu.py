@@ -122,6 +122,21 @@ def _ops():
     return torch.ops.kimi_cpp_cpu
 
 
+def flush_denormals() -> None:
+    """Take denormal FP32 numbers as zero (x86's FTZ and DAZ) on this thread and on every worker of its
+    OpenMP team, which torch's own `set_flush_denormal` leaves as they were; without the library, on this
+    thread only.
+
+    KDA's decays are products of many factors below one, and in its chunked prefill they and their
+    products fall below FP32's smallest normal number (1.2e-38) often. x86 computes with such numbers in
+    microcode, many times slower; their values are far below anything a logit can show. By hand, on 2
+    cores: a 64-token prefill of `small` took 150 instead of 206 ms."""
+    if unavailable() is None:
+        _ops().flush_denormals()
+    else:
+        torch.set_flush_denormal(True)
+
+
 def _variant(op: str, description: str):
     return registry.register(op, VARIANT, backend="cpp-cpu", description=description, many_rows=True)
 

@@ -24,6 +24,7 @@ import torch
 
 from common.memory_cap import MemoryCap
 from engine.kernels import KernelSelectionError, KernelUnavailable, env_selection
+from engine.kernels.cpp_cpu import flush_denormals
 from engine.model import CheckpointError, ConfigError, KimiLinearForCausalLM, SamplingParams, Tokenizer
 from engine.model.dtypes import default_dtype
 from engine.quant import ArtifactError, kernel_variants, use_kernels
@@ -173,6 +174,8 @@ class Engine:
         step = check_step(step) if step is not None else default_step(device.type)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
+        if device.type == "cpu":
+            flush_denormals()  # on this thread and its OpenMP workers, which the model's work runs on
         dtype = dtype or default_dtype(device)
         on_gpu = device.type == "cuda"
         if prefix_cache_gib is None:

@@ -30,6 +30,7 @@ from functools import partial
 import torch
 
 from common.memory_cap import MemoryCapExceeded
+from engine.kernels.cpp_cpu import flush_denormals
 from engine.model import SamplingParams
 from engine.model.generate import LogitsProcessor
 from engine.runtime.engine import Engine, EngineBusy, Sequence
@@ -231,6 +232,8 @@ class Scheduler:
     # ------------------------------------------------------------------ the executor thread
 
     def _run(self) -> None:
+        if self.engine.device.type == "cpu":
+            flush_denormals()  # this thread's OpenMP workers too, if it is not the one that loaded the model
         while True:
             with self._cond:
                 while True:

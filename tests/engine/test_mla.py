@@ -62,3 +62,31 @@ def test_cache_holds_only_the_latent(tiny_model, rng):
     assert state.kv.shape == (1, 8, cfg.kv_lora_rank + cfg.qk_rope_head_dim)
     torch.testing.assert_close(state.kv[:, :5], attn.compress(x))
     assert state.kv[:, 5:].abs().sum() == 0
+
+
+def test_the_compiled_steps_attention_form_matches_the_eager_one(rng):
+    """The broadcast-and-sum attention a compiled step traces equals the matmul form eager runs, per row
+    and with the unwritten slots masked (they hold large garbage: a leak would show)."""
+    from engine.model.cache import MLAState
+    from engine.model.mla import _attend_as_matmuls, _attend_as_reductions
+
+    batch, heads, nope, rope, latent, v, slots = 3, 4, 16, 8, 32, 16, 20
+    kv = torch.randn(batch, slots, latent + rope, generator=rng)
+    at = torch.tensor([4, 11, 19]).view(batch, 1, 1)
+    masked = torch.arange(slots).view(1, 1, slots) > at
+    kv[masked.view(batch, slots)] = 1e4
+    state = MLAState(kv=kv, kv_lora_rank=latent)
+    args = (
+        torch.randn(batch, heads, nope, generator=rng),
+        torch.randn(batch, heads, rope, generator=rng),
+        torch.randn(heads, nope, latent, generator=rng) / nope**0.5,
+        torch.randn(heads, v, latent, generator=rng) / latent**0.5,
+        state,
+        masked,
+        (nope + rope) ** -0.5,
+    )
+    expected = _attend_as_matmuls(*args)
+    got = _attend_as_reductions(*args)
+    scale = expected.abs().max().item()
+    assert scale > 0.1
+    torch.testing.assert_close(got, expected, atol=1e-5 * scale, rtol=0)

@@ -87,3 +87,26 @@ def test_a_lock_left_by_a_killed_build_is_removed_and_a_live_builder_is_waited_f
     assert entered.is_set()
     with open(tmp_path / "build.flock") as handle:  # released: another taker gets it at once
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_denormals_are_flushed_on_the_thread_and_its_openmp_workers():
+    """On a fresh thread with a team of 2 (its own workers): a parallel product of denormals keeps them
+    until `flush_denormals`, then every element, whichever worker computed it, is zero."""
+    from engine.runtime import TorchThread
+
+    def run() -> tuple[int, int]:
+        torch.set_flush_denormal(False)  # a new thread inherits its creator's mode; its workers, this one's
+        tiny = torch.full((1 << 20,), 1e-39)  # below FP32's smallest normal, 1.2e-38
+        before = int(((tiny * 1.0) != 0).sum())
+        cpp_cpu.flush_denormals()
+        return before, int(((tiny * 1.0) != 0).sum())
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the suite runs on one (tests/conftest.py)
+    thread = TorchThread("denormals")
+    try:
+        before, after = thread.call(run)
+    finally:
+        thread.close()
+        torch.set_num_threads(threads)
+    assert (before, after) == (1 << 20, 0)
