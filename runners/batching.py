@@ -4,7 +4,8 @@ In process (no HTTP: what is measured is the executor): one engine and one `Sche
 serve` builds them. For each concurrency c, c requests are submitted at once — seeded random prompts of
 `--prompt-tokens`, greedy, `--gen-tokens` each, no stop tokens — and every token is stamped as its sink
 receives it. One untimed round per concurrency first, so every decode step shape it uses (batch bucket x
-cache size) is compiled or captured before the timed rounds. Per concurrency, one receipt with:
+cache size) is compiled or captured before the timed rounds; the timed rounds then alternate between the
+concurrencies, so a drift in the host's speed moves every level alike. Per concurrency, one receipt with:
 
 - `aggregate_tok_s` per round: all requests' generated tokens / (last token - submission);
 - `ttft_ms` per request: submission -> first token (queueing, prefill and the first sample);
@@ -95,22 +96,39 @@ def run_round(scheduler: Scheduler, prompts: list[list[int]], gen_tokens: int) -
     }
 
 
-def measure(engine: Engine, torch_thread: TorchThread, concurrency: int, prompt_tokens: int, gen_tokens: int,
-            repeats: int, generator: torch.Generator) -> dict[str, list[float]]:  # fmt: skip
-    """One untimed round, then `repeats` timed ones, each on fresh prompts."""
+def measure(engine: Engine, torch_thread: TorchThread, levels: list[int], prompt_tokens: int, gen_tokens: int,
+            repeats: int, generator: torch.Generator, memory_cap_gib: float | None,
+            ) -> dict[int, tuple[dict[str, list[float]], dict]]:  # fmt: skip
+    """Per concurrency: one untimed round, then `repeats` timed ones, each on fresh prompts. The timed
+    rounds alternate between the levels (c1, c2, ..., then c1, c2, ... again), so a host whose speed
+    drifts during the run moves every level alike and each speedup compares rounds measured side by
+    side. -> {c: (samples, the memory report of its round with the highest peak)}."""
     vocab = engine.model.config.vocab_size
-    prompts = lambda: torch.randint(0, vocab, (concurrency, prompt_tokens), generator=generator).tolist()
-    scheduler = Scheduler(engine, max_active=concurrency, max_queue=concurrency, torch_thread=torch_thread)
-    scheduler.start()
-    try:
-        run_round(scheduler, prompts(), gen_tokens)
-        samples: dict[str, list[float]] = {}
-        for _ in range(repeats):
-            for key, values in run_round(scheduler, prompts(), gen_tokens).items():
-                samples.setdefault(key, []).extend(values)
-    finally:
-        scheduler.stop()
-    return samples
+
+    def one_round(c: int) -> tuple[dict[str, list[float]], dict]:
+        prompts = torch.randint(0, vocab, (c, prompt_tokens), generator=generator).tolist()
+        scheduler = Scheduler(engine, max_active=c, max_queue=c, torch_thread=torch_thread)
+        scheduler.start()
+        try:
+            with MemoryCap(memory_cap_gib, device=str(engine.device), poll_s=0.1) as mem:
+                samples = run_round(scheduler, prompts, gen_tokens)
+            return samples, mem.report()
+        finally:
+            scheduler.stop()
+
+    for c in levels:
+        click.echo(f"concurrency {c}: untimed round ...", err=True)
+        one_round(c)
+    measured: dict[int, tuple[dict[str, list[float]], dict]] = {}
+    for r in range(repeats):
+        click.echo(f"timed pass {r + 1}/{repeats}: one round at each concurrency ...", err=True)
+        for c in levels:
+            samples, memory = one_round(c)
+            kept, peak = measured.get(c, ({}, memory))
+            for key, values in samples.items():
+                kept.setdefault(key, []).extend(values)
+            measured[c] = (kept, max(peak, memory, key=lambda m: m["peak_rss_gib"]))
+    return measured
 
 
 @click.command("batching")
@@ -124,7 +142,11 @@ def measure(engine: Engine, torch_thread: TorchThread, concurrency: int, prompt_
 )
 @count_option("--prompt-tokens", default=64, help="Tokens per prompt.")
 @count_option("--gen-tokens", default=32, minimum=2, help="Tokens generated per request.")
-@count_option("--repeats", default=2, help="Timed rounds per concurrency (after one untimed warm-up round).")
+@count_option(
+    "--repeats",
+    default=4,
+    help="Timed rounds per concurrency (after one untimed warm-up round); the levels' rounds alternate.",
+)
 @memory_cap_option()
 @step_option
 @threads_option("torch")
@@ -159,17 +181,14 @@ def batching_command(synthetic, device, dtype, concurrency, prompt_tokens, gen_t
     except LOAD_ERRORS as e:
         raise click.ClickException(str(e)) from None
     generator = torch.Generator().manual_seed(seed)
-    measured: dict[int, tuple[dict, dict]] = {}
     try:
         for rows in buckets_upto(max(levels)):
             compile_s = torch_thread.call(engine.warm_up, prompt_tokens + gen_tokens, batch=rows)
             if compile_s is not None:
                 click.echo(f"compiled the decode step for {rows} rows in {compile_s:.1f} s", err=True)
-        for c in levels:
-            click.echo(f"concurrency {c} ...", err=True)
-            with MemoryCap(memory_cap_gib, device=device, poll_s=0.1) as mem:
-                samples = measure(engine, torch_thread, c, prompt_tokens, gen_tokens, repeats, generator)
-            measured[c] = (samples, mem.report())
+        measured = measure(
+            engine, torch_thread, levels, prompt_tokens, gen_tokens, repeats, generator, memory_cap_gib
+        )
         config = {
             "model": label,
             "weights": "synthetic weights",

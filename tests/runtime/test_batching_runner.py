@@ -8,13 +8,24 @@ from harness.receipt import load_receipt, receipt_paths
 from runners.cli import main
 
 
-def test_the_batching_runner_writes_one_receipt_per_concurrency(tmp_path):
+def test_the_batching_runner_writes_one_receipt_per_concurrency(tmp_path, monkeypatch):
+    import runners.batching
+
+    rounds: list[int] = []  # the concurrency of each round, in the order they ran
+    real_round = runners.batching.run_round
+
+    def recording_round(scheduler, prompts, gen_tokens):
+        rounds.append(len(prompts))
+        return real_round(scheduler, prompts, gen_tokens)
+
+    monkeypatch.setattr(runners.batching, "run_round", recording_round)
     result = CliRunner().invoke(
         main,
         ["batching", "--synthetic", "tiny", "--dtype", "fp32", "--concurrency", "1,2", "--prompt-tokens", "8",
          "--gen-tokens", "4", "--repeats", "2", "--threads", "1", "--results", str(tmp_path), "--no-regenerate"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
+    assert rounds == [1, 2, 1, 2, 1, 2]  # untimed rounds, then the timed ones alternating between levels
     receipts = {r["config"]["concurrency"]: r for r in map(load_receipt, receipt_paths(tmp_path))}
     assert sorted(receipts) == [1, 2]
     for c, r in receipts.items():
