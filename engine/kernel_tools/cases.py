@@ -59,6 +59,7 @@ def _routes(batch: int, slots: int, experts: int, gen, device) -> torch.Tensor:
 def _gemv_case(fmt: str) -> Callable[[dict, torch.Generator | None, torch.device | str], Case]:
     def build(shape: dict, gen: torch.Generator | None, device) -> Case:
         b, n, k = shape["B"], shape["N"], shape["K"]
+        # An FP32 x holds BF16 values, as the model's activations do; `native` multiplies in the weight's dtype.
         x = _x((b, k), gen, device).to(_activation(shape))
         out_dtype = OUT_DTYPES[shape.get("out", "bf16")]
         args: tuple

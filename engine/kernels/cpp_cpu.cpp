@@ -255,25 +255,22 @@ at::Tensor w16_mm(const at::Tensor& x, const at::Tensor& weight) {
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
   at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
   float* y = out.data_ptr<float>();
+  auto run = [&](const auto* w, const auto* xp) {
+    at::parallel_for(0, n, grain(k * 2), [&](int64_t begin, int64_t end) { dense_rows(w, xp, m, k, n, y, begin, end); });
+  };
 #if defined(__AVX512BF16__)
   if (x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16) {
     const at::Tensor xb = x.contiguous();
-    const c10::BFloat16* xp = xb.data_ptr<c10::BFloat16>();
-    const c10::BFloat16* w = weight.data_ptr<c10::BFloat16>();
-    at::parallel_for(0, n, grain(k * 2), [&](int64_t begin, int64_t end) { dense_rows(w, xp, m, k, n, y, begin, end); });
+    run(weight.data_ptr<c10::BFloat16>(), xb.data_ptr<c10::BFloat16>());
     return out;
   }
 #endif
   const at::Tensor xf = x.to(at::kFloat).contiguous();
-  const float* xp = xf.data_ptr<float>();
-  auto run = [&](auto* w) {
-    at::parallel_for(0, n, grain(k * 2), [&](int64_t begin, int64_t end) { dense_rows(w, xp, m, k, n, y, begin, end); });
-  };
   if (weight.scalar_type() == at::kBFloat16) {
-    run(weight.data_ptr<c10::BFloat16>());
+    run(weight.data_ptr<c10::BFloat16>(), xf.data_ptr<float>());
   } else {
     TORCH_CHECK(weight.scalar_type() == at::kHalf, "w16_mm weights must be BF16 or FP16, got ", weight.scalar_type());
-    run(weight.data_ptr<c10::Half>());
+    run(weight.data_ptr<c10::Half>(), xf.data_ptr<float>());
   }
   return out;
 }

@@ -101,7 +101,9 @@ class MultiheadLatentAttention(nn.Module):
         entry = self.compress(x)  # [B, 1, L + rope]
         state.kv.scatter_(1, at.expand(batch, 1, entry.shape[-1]), entry)
         w_k, w_v = self.absorbed_weights()  # [H, nope, L], [H, v, L]
-        attend = _attend_as_reductions if torch.compiler.is_compiling() else _attend_as_matmuls
+        # The reductions form was measured on the CPU only; a compiled CUDA step keeps cuBLAS's matmuls.
+        fused = torch.compiler.is_compiling() and state.kv.device.type == "cpu"
+        attend = _attend_as_reductions if fused else _attend_as_matmuls
         o = attend(q[..., :nope], q[..., nope:], w_k, w_v, state, slots > at, self.scale)
         return self.o_proj(o.reshape(batch, 1, n * cfg.v_head_dim).to(x.dtype))
 
@@ -119,7 +121,7 @@ def _attend_as_matmuls(q_nope, q_rope, w_k, w_v, state: MLAState, masked, scale:
 
 
 def _attend_as_reductions(q_nope, q_rope, w_k, w_v, state: MLAState, masked, scale: float) -> torch.Tensor:
-    """`_attend_as_matmuls` as broadcast products summed in FP32, for a compiled step: Inductor fuses each
+    """`_attend_as_matmuls` as broadcast products summed in FP32, for a compiled CPU step: Inductor fuses each
     into one loop that reads the cache and the weights in place; its batched-matmul calls at these sizes
     cost more than that (measured on the CPU: the small model's step was 1.2x slower at one row, 1.3x at
     four). Eagerly these products would be materialised ([B, H, max_len, L]): eager keeps the matmuls."""
