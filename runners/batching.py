@@ -37,7 +37,17 @@ from engine.cli_options import (
     synthetic_option,
 )
 from engine.model import SamplingParams
-from engine.runtime import LOAD_ERRORS, Engine, Failed, Finished, Request, Scheduler, Token, TorchThread
+from engine.runtime import (
+    LOAD_ERRORS,
+    Engine,
+    Failed,
+    Finished,
+    Request,
+    Scheduler,
+    Token,
+    TorchThread,
+    load_on_own_thread,
+)
 from engine.runtime.batch import buckets_upto
 from engine.runtime.compiled import step_option
 from harness.receipt import write_receipt
@@ -164,10 +174,8 @@ def batching_command(synthetic, device, dtype, concurrency, prompt_tokens, gen_t
     memory_cap_gib = resolve_memory_cap(memory_cap_gib, device)
     label = f"synthetic-{synthetic}"
     click.echo(f"loading {label} ({dtype}) on {device} ...", err=True)
-    torch_thread = TorchThread()  # loads, warms up and runs the scheduler, as `kimi-engine serve` does
     try:
-        engine = torch_thread.call(
-            Engine.load,
+        torch_thread, engine = load_on_own_thread(  # as `kimi-engine serve` loads
             synthetic=synthetic,
             seed=seed,
             device=device,
@@ -176,7 +184,6 @@ def batching_command(synthetic, device, dtype, concurrency, prompt_tokens, gen_t
             max_context=4 * (prompt_tokens + gen_tokens),
             step=step,
             prefix_cache_gib=0,
-            progress=True,
         )
     except LOAD_ERRORS as e:
         raise click.ClickException(str(e)) from None

@@ -18,12 +18,25 @@ def _mla_every_fourth(n_layers: int) -> tuple[int, ...]:
     return tuple(sorted(full))
 
 
+# What every size keeps of the real model: the short-conv width, one shared expert, a dense first layer,
+# the routing scale and renormalisation, the norms' epsilon.
+_KIMI_LINEAR_CONSTANTS = dict(
+    conv_kernel_size=4,
+    num_shared_experts=1,
+    first_k_dense_replace=1,
+    routed_scaling_factor=2.446,
+    moe_renormalize=True,
+    rms_norm_eps=1e-5,
+)
+
+
 def _config(vocab: int, special_base: int, **fields) -> KimiLinearConfig:
     return KimiLinearConfig(
         vocab_size=vocab,
         bos_token_id=special_base,  # [BOS]
         eos_token_id=special_base + 2,  # <|im_end|>
         pad_token_id=special_base + 255,  # [PAD]
+        **_KIMI_LINEAR_CONSTANTS,
         **fields,
     )
 
@@ -41,16 +54,10 @@ FULL = _config(
     v_head_dim=128,
     kda_num_heads=32,
     kda_head_dim=128,
-    conv_kernel_size=4,
     full_attn_layers=_mla_every_fourth(27),  # one-based 4, 8, ..., 24, 27
     num_experts=256,
     num_experts_per_token=8,
-    num_shared_experts=1,
     moe_intermediate_size=1024,
-    first_k_dense_replace=1,
-    routed_scaling_factor=2.446,
-    moe_renormalize=True,
-    rms_norm_eps=1e-5,
 )
 
 # Synthetic checkpoints use the BPE trained here (engine/model/synthetic_tokenizer.py): as many ranks as the
@@ -68,16 +75,10 @@ TINY = _config(
     v_head_dim=32,
     kda_num_heads=2,
     kda_head_dim=64,
-    conv_kernel_size=4,
     full_attn_layers=_mla_every_fourth(4),
     num_experts=8,
     num_experts_per_token=2,
-    num_shared_experts=1,
     moe_intermediate_size=64,
-    first_k_dense_replace=1,
-    routed_scaling_factor=2.446,
-    moe_renormalize=True,
-    rms_norm_eps=1e-5,
 )
 
 SMALL = _config(
@@ -93,16 +94,10 @@ SMALL = _config(
     v_head_dim=64,
     kda_num_heads=8,
     kda_head_dim=128,
-    conv_kernel_size=4,
     full_attn_layers=_mla_every_fourth(8),
     num_experts=64,
     num_experts_per_token=8,
-    num_shared_experts=1,
     moe_intermediate_size=128,
-    first_k_dense_replace=1,
-    routed_scaling_factor=2.446,
-    moe_renormalize=True,
-    rms_norm_eps=1e-5,
 )
 
 # The real widths (hidden, KDA and MLA heads, dense MLP, expert width, vocabulary) with 4 layers (KDA, KDA,

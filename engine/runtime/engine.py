@@ -45,6 +45,7 @@ from engine.runtime.memory import (
 from engine.runtime.prefix_cache import PrefixCache
 from engine.runtime.sampling import Sampler
 from engine.runtime.state import move_row, restore_snapshot, transfer
+from engine.runtime.torch_thread import TorchThread
 
 # Everything `Engine.load` raises for weights, plans or settings it cannot serve: a CLI shows the message.
 LOAD_ERRORS = (
@@ -503,3 +504,15 @@ class Engine:
         if self.device.type == "cuda":
             report["allocated_gib"] = gib(torch.cuda.memory_allocated(self.device))
         return report
+
+
+def load_on_own_thread(**options) -> tuple[TorchThread, Engine]:
+    """`Engine.load(**options)` with a progress bar, on a new TorchThread: the thread that then warms the
+    engine up and runs its Scheduler, so loading, compiling and serving share one OpenMP pool
+    (torch_thread.py). If loading fails, the thread is closed and the error raised here."""
+    torch_thread = TorchThread()
+    try:
+        return torch_thread, torch_thread.call(Engine.load, progress=True, **options)
+    except BaseException:
+        torch_thread.close()
+        raise

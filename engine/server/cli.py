@@ -161,7 +161,7 @@ def serve_command(
     import uvicorn
 
     from engine.kernels import KernelSelectionError, named_choices
-    from engine.runtime import LOAD_ERRORS, Engine, Scheduler, TorchThread
+    from engine.runtime import LOAD_ERRORS, Scheduler, load_on_own_thread
     from engine.runtime.batch import buckets_upto
     from engine.runtime.compiled import inductor_cache_dir
     from engine.server.app import ServerContext, create_app
@@ -179,11 +179,8 @@ def serve_command(
         kernels = named_choices(kernel_selection)
     except KernelSelectionError as e:
         raise click.BadParameter(str(e), param_hint="--kernels") from None
-    # One thread loads, warms up and serves: one OpenMP pool (engine/runtime/torch_thread.py).
-    torch_thread = TorchThread()
     try:
-        engine = torch_thread.call(
-            Engine.load,
+        torch_thread, engine = load_on_own_thread(
             weights=weights,
             synthetic=synthetic,
             seed=seed,
@@ -199,7 +196,6 @@ def serve_command(
             step=step,
             kda_kernel=kda_kernel,
             prefix_cache_gib=prefix_cache_gib,
-            progress=True,
         )
     except LOAD_ERRORS + (ValueError,) as e:
         raise click.ClickException(str(e)) from None

@@ -1,5 +1,6 @@
 """TorchThread runs what it is given on one thread, in order, and hands back results and errors; a
-scheduler given one runs its loop there (the thread that loaded the engine), else on a thread of its own."""
+scheduler given one runs its loop there (the thread that loaded the engine), else on a thread of its own;
+load_on_own_thread loads there and closes the thread when loading fails."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import threading
 import pytest
 
 from engine.model import SamplingParams
-from engine.runtime import Request, Scheduler, TorchThread
+from engine.runtime import LOAD_ERRORS, Request, Scheduler, TorchThread, load_on_own_thread
 from tests.runtime.runtime_support import random_prompt
 from tests.runtime.test_batching import _run
 
@@ -47,3 +48,29 @@ def test_the_scheduler_steps_on_the_thread_it_is_given(engine, rng, monkeypatch,
     if thread is not None:
         assert thread.call(lambda: "alive after the scheduler stopped") == "alive after the scheduler stopped"
         thread.close()
+
+
+def test_load_on_own_thread_loads_there_and_closes_the_thread_when_loading_fails(monkeypatch):
+    started: list[threading.Thread] = []
+    real_init = TorchThread.__init__
+
+    def recording_init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
+        started.append(self._thread)
+
+    monkeypatch.setattr(TorchThread, "__init__", recording_init)
+    torch_thread, engine = load_on_own_thread(
+        synthetic="tiny", device="cpu", max_context=64, prefix_cache_gib=0
+    )
+    try:
+        assert engine.model.config.hidden_size == 128
+        assert torch_thread.call(lambda: threading.current_thread()) is started[0]
+    finally:
+        engine.close()
+        torch_thread.close()
+    with pytest.raises(LOAD_ERRORS):  # a cap nothing fits under: refused by the memory plan
+        load_on_own_thread(
+            synthetic="tiny", device="cpu", max_context=64, memory_cap_gib=1e-6, prefix_cache_gib=0
+        )
+    started[1].join(timeout=10)
+    assert not started[1].is_alive()
