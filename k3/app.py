@@ -302,10 +302,10 @@ class K3:
         parser = make_text_parser(
             parser_name, self.config.reasoning_field, lambda: [tool_to_upstream(t) for t in request.tools]
         )
-        # Chat has no vehicle for a signature; hidden reasoning is found again by fingerprint.
+        # Chat has no field for a signature; hidden reasoning is found again by fingerprint.
         sign = memory.sign if turn.dialect != "chat" and turn.show_reasoning else None
-        vehicle = "kimi_k3" if parser_name == "kimi_k3" else "think"
-        return Translator(parser, request.stop, rough_tokens(len(payload)), sign, vehicle)
+        text_field = "kimi_k3" if parser_name == "kimi_k3" else "think"
+        return Translator(parser, request.stop, rough_tokens(len(payload)), sign, text_field)
 
     def _record(
         self, turn: Turn, memory: TurnMemory, events: list[Event] | Collector, translator: Translator
@@ -314,7 +314,7 @@ class K3:
         turn.usage = translator.usage
         if memory.committed:
             return
-        if translator.vehicle is None and not translator.tool_calls:
+        if translator.reasoning_field is None and not translator.tool_calls:
             memory.skip()  # nothing to restore later
             return
         if isinstance(events, Collector):
@@ -323,9 +323,9 @@ class K3:
             collector = Collector()
             for event in events:
                 collector.add(event)
-        memory.commit(collector.parts, translator.vehicle)
-        if translator.vehicle is not None:
-            self.stats.saw_reasoning(turn.preset.name, translator.vehicle)
+        memory.commit(collector.parts, translator.reasoning_field)
+        if translator.reasoning_field is not None:
+            self.stats.saw_reasoning(turn.preset.name, translator.reasoning_field)
 
     async def _json(self, turn: Turn, payload: bytes, memory: TurnMemory, send: Send, hangup: Hangup) -> None:
         module = DIALECTS[turn.dialect]

@@ -87,7 +87,7 @@ class TurnMemory:
 
     def commit(self, parts: list[Part], field: str | None) -> None:
         """Record the turn once. The caller skips turns with nothing to restore later (no
-        reasoning, no tool call); `field` is the reasoning vehicle the reply used (for `auto`).
+        reasoning, no tool call); `field` is the reasoning field the reply used (for `auto`).
         """
         if self.committed:
             return

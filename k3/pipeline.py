@@ -127,13 +127,13 @@ class Translator:
         stop: list[str] | None = None,
         input_estimate: int = 0,
         sign: Callable[[str], str] | None = None,
-        parser_vehicle: str = "think",
+        parser_field: str = "think",
     ):
         self._parser = parser
         self._plain = type(parser) is PassthroughParser  # content is all visible text: no parser call
         self._sign = sign
-        self._parser_vehicle = parser_vehicle  # what reasoning found in the text is called
-        self.vehicle: str | None = None  # where this reply's reasoning came from (for auto / stats)
+        self._parser_field = parser_field  # what reasoning found in the text is called
+        self.reasoning_field: str | None = None  # where this reply's reasoning came from (for auto / stats)
         self._stop = stop or ()
         self._input_estimate = input_estimate
         self._reasoning: list[str] | None = None  # the open reasoning segment
@@ -170,8 +170,8 @@ class Translator:
             if not reasoning:
                 reasoning, key = delta.get("reasoning"), "reasoning"
             if reasoning and isinstance(reasoning, str):
-                if self.vehicle is None:
-                    self.vehicle = key
+                if self.reasoning_field is None:
+                    self.reasoning_field = key
                 self._close_active(out)
                 self._reason(reasoning, out)
             content = delta.get("content")
@@ -245,8 +245,8 @@ class Translator:
                     self._visible(event.text, out)
             elif isinstance(event, Reasoning):
                 if event.text:
-                    if self.vehicle is None:
-                        self.vehicle = self._parser_vehicle
+                    if self.reasoning_field is None:
+                        self.reasoning_field = self._parser_field
                     self._close_active(out)
                     self._reason(event.text, out)
             else:

@@ -86,11 +86,8 @@ def run_round(scheduler: Scheduler, prompts: list[list[int]], gen_tokens: int) -
 
     first_step = len(scheduler.steps)
     params = SamplingParams(max_tokens=gen_tokens)
-    scheduler.pause()  # all of them reach the executor's next step together: "at once"
-    for i, prompt in enumerate(prompts):
-        scheduler.submit(Request(prompt, params), sink_for(i))
     start = time.perf_counter()
-    scheduler.resume()
+    scheduler.submit_together([(Request(prompt, params), sink_for(i)) for i, prompt in enumerate(prompts)])
     for event in ended:
         if not event.wait(TIMEOUT_S):
             raise click.ClickException(f"a round did not finish in {TIMEOUT_S} s")

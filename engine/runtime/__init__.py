@@ -2,7 +2,7 @@
 prefix state cache, and the executor thread that interleaves requests. See docs/RUNTIME.md."""
 
 from engine.runtime.builder import BuiltModel, build_model, prepare_for_inference
-from engine.runtime.engine import LOAD_ERRORS, Engine, EngineBusy, Sequence, load_on_own_thread
+from engine.runtime.engine import LOAD_ERRORS, Engine, EngineBusy, PromptBatch, load_on_own_thread
 from engine.runtime.loader import ModelSource, ModelSourceError, open_model_source
 from engine.runtime.memory import MemoryPlan, MemoryPlanError, plan_memory
 from engine.runtime.sampling import Sampler
@@ -21,11 +21,11 @@ __all__ = [
     "MemoryPlanError",
     "ModelSource",
     "ModelSourceError",
+    "PromptBatch",
     "QueueFull",
     "Request",
     "Sampler",
     "Scheduler",
-    "Sequence",
     "Started",
     "Token",
     "TorchThread",

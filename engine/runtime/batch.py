@@ -28,7 +28,7 @@ from engine.runtime.sampling import Sampler
 from engine.runtime.state import move_row
 
 if TYPE_CHECKING:
-    from engine.runtime.engine import Sequence
+    from engine.runtime.engine import PromptBatch
 
 GROWTH_TOKENS = 512  # a row joins with room for this many generated tokens before the batch must grow
 
@@ -45,7 +45,7 @@ def buckets_upto(n: int) -> list[int]:
 
 @dataclass
 class Member:
-    seq: Sequence
+    seq: PromptBatch
     sampler: Sampler
     row: int
     length: int  # tokens in its row of the cache
@@ -83,10 +83,10 @@ class DecodeBatch:
     def capacity(self) -> int:
         return 0 if self.lease is None else self.lease.cache.max_len
 
-    def member(self, seq: Sequence) -> Member | None:
+    def member(self, seq: PromptBatch) -> Member | None:
         return next((m for m in self.members if m.seq is seq), None)
 
-    def join(self, newcomers: list[tuple[Sequence, Sampler]]) -> int:
+    def join(self, newcomers: list[tuple[PromptBatch, Sampler]]) -> int:
         """Move prefilled sequences (their first tokens sampled) into the batch, in order, and give their
         own caches back: all in one reshape when they fit, else as many as fit one by one. Returns how
         many joined (the rest wait for memory that running sequences hold: try again after a step)."""
@@ -97,7 +97,7 @@ class DecodeBatch:
             joined += 1
         return joined
 
-    def _join(self, newcomers: list[tuple[Sequence, Sampler]]) -> bool:
+    def _join(self, newcomers: list[tuple[PromptBatch, Sampler]]) -> bool:
         fresh = [Member(seq, sampler, row=-1, length=seq.held.cache.length) for seq, sampler in newcomers]
         members = [*self.members, *fresh]
         rows = max(bucket_for(len(members)), self.rows)
@@ -115,7 +115,7 @@ class DecodeBatch:
             member.seq.lease = None
         return True
 
-    def leave(self, seq: Sequence) -> None:
+    def leave(self, seq: PromptBatch) -> None:
         """Drop a sequence's row (its reservation is the engine's to release); free the cache when it was
         the last (a smaller bucket is taken at the next step, so rows that leave together move once)."""
         self.members = [m for m in self.members if m.seq is not seq]

@@ -67,7 +67,7 @@ class EngineBusy(RuntimeError):
 
 
 @dataclass
-class Sequence:
+class PromptBatch:
     """A batch of prompts of equal length in flight (the server uses one prompt per sequence)."""
 
     prompt_ids: list[list[int]]
@@ -281,7 +281,7 @@ class Engine:
 
     def start(
         self, prompt_ids: Iterable[Iterable[int]], max_new_tokens: int, *, batched: bool = False
-    ) -> Sequence:
+    ) -> PromptBatch:
         """Admit prompts of equal length that will generate up to `max_new_tokens` each: reserve memory,
         take a cache, and restore the longest kept prefix. `batched`: the sequence will `join` the decode
         batch, so its own cache is only prefilled into (no decode runner is built for it). Raises
@@ -310,7 +310,7 @@ class Engine:
         try:
             lease = self.pool.take(first, batch, decoding=not batched)
             pending = torch.tensor(prompts, dtype=torch.long, device=self.device)
-            seq = Sequence(prompts, max_new_tokens, lease, reservation, pending)
+            seq = PromptBatch(prompts, max_new_tokens, lease, reservation, pending)
             if batch == 1 and self.prefix_cache is not None:
                 self._restore_prefix(seq, self.prefix_cache)
         except BaseException:
@@ -320,7 +320,7 @@ class Engine:
             raise
         return seq
 
-    def _restore_prefix(self, seq: Sequence, prefix_cache: PrefixCache) -> None:
+    def _restore_prefix(self, seq: PromptBatch, prefix_cache: PrefixCache) -> None:
         snapshot = prefix_cache.lookup(seq.prompt_ids[0])
         if snapshot is None:
             return
@@ -330,7 +330,7 @@ class Engine:
         if seq.prefilled and snapshot.logits is not None:  # the very same prompt again: its logits were kept
             seq.logits = snapshot.logits.to(self.device, copy=True)
 
-    def prefill_step(self, seq: Sequence, max_tokens: int | None = None) -> bool:
+    def prefill_step(self, seq: PromptBatch, max_tokens: int | None = None) -> bool:
         """Prefill the next chunk of the prompt (at most `max_tokens`, default and at most the planned
         chunk); True once the whole prompt is in the cache."""
         if not seq.prefilled:
@@ -342,7 +342,7 @@ class Engine:
             self._keep_prompt(seq)
         return seq.prefilled
 
-    def prefill_together(self, seqs: list[Sequence], tokens: int) -> bool:
+    def prefill_together(self, seqs: list[PromptBatch], tokens: int) -> bool:
         """`prefill_step(seq, tokens)` for every one of several one-prompt sequences at once: one forward
         pass over a cache of len(seqs) rows, their states copied in and back out (a few MB; nothing is
         recomputed). Their caches must hold the same number of tokens, and each must have `tokens`
@@ -382,12 +382,12 @@ class Engine:
             self.pool.unreserve(nbytes)
         return True
 
-    def _keep_prompt(self, seq: Sequence) -> None:
+    def _keep_prompt(self, seq: PromptBatch) -> None:
         """Once a one-prompt sequence is prefilled, keep its state in the prefix cache for the next turn."""
         if seq.prefilled and seq.batch_size == 1 and self.prefix_cache is not None and seq.logits is not None:
             self.prefix_cache.store(seq.prompt_ids[0], seq.held.cache, seq.logits)
 
-    def next_token(self, seq: Sequence, sampler: Sampler) -> list[int]:
+    def next_token(self, seq: PromptBatch, sampler: Sampler) -> list[int]:
         """Feed the previously sampled tokens (one decode step) and sample the next ones, one per prompt."""
         if not seq.prefilled or seq.logits is None:
             raise RuntimeError("prefill the prompt before decoding")
@@ -403,18 +403,18 @@ class Engine:
         return ids
 
     @staticmethod
-    def _columns(seq: Sequence) -> list[list[int]]:
+    def _columns(seq: PromptBatch) -> list[list[int]]:
         """Each prompt's generated tokens (rebuilt per token: only for a logits processor, which needs them)."""
         return [list(col) for col in zip(*seq.generated, strict=True)] or [[] for _ in seq.prompt_ids]
 
-    def join(self, newcomers: list[tuple[Sequence, Sampler]]) -> int:
+    def join(self, newcomers: list[tuple[PromptBatch, Sampler]]) -> int:
         """Move prefilled one-prompt sequences whose first tokens are sampled (`next_token`) into the
         decode batch, in order; returns how many joined (the rest: no memory now, try after a step)."""
         if any(seq.batch_size != 1 or not seq.generated for seq, _ in newcomers):
             raise ValueError("join one prompt after prefill and its first token")
         return self.batch.join(newcomers)
 
-    def decode_batch(self) -> list[tuple[Sequence, int]]:
+    def decode_batch(self) -> list[tuple[PromptBatch, int]]:
         """One decode step for every joined sequence: (sequence, its next token) each."""
         if not self.batch.members:
             return []
@@ -422,7 +422,7 @@ class Engine:
         self.cap.check()
         return [(m.seq, token) for m, token in stepped]
 
-    def keep_reply(self, seq: Sequence) -> None:
+    def keep_reply(self, seq: PromptBatch) -> None:
         """Prefix-cache a joined sequence's state after its reply, so a next turn that resends the prompt
         and the reply prefills only what follows (the last token is not in the cache: nothing fed it)."""
         member = self.batch.member(seq)
@@ -431,7 +431,7 @@ class Engine:
         ids = seq.prompt_ids[0] + [g[0] for g in seq.generated[:-1]]
         self.prefix_cache.store(ids, self.batch.held.cache, member.logits.unsqueeze(0), row=member.row)
 
-    def release(self, seq: Sequence) -> None:
+    def release(self, seq: PromptBatch) -> None:
         """Give the sequence's cache (or its batch row) back and drop its reservation (at once: used on
         cancellation too)."""
         if seq.lease is not None:
@@ -442,7 +442,7 @@ class Engine:
         self.pool.unreserve(seq.reservation)
         seq.reservation = 0
 
-    def _grow_if_full(self, seq: Sequence) -> None:
+    def _grow_if_full(self, seq: PromptBatch) -> None:
         cache = seq.held.cache
         if cache.length < cache.max_len:
             return
@@ -453,7 +453,7 @@ class Engine:
 
     # ------------------------------------------------------------------ whole-call API (benchmarks, tests)
 
-    def prefill(self, prompt_ids: Iterable[Iterable[int]], *, max_new_tokens: int = 1) -> Sequence:
+    def prefill(self, prompt_ids: Iterable[Iterable[int]], *, max_new_tokens: int = 1) -> PromptBatch:
         """Admit and prefill prompts (all chunks); the logits of the next token are in `seq.logits`."""
         seq = self.start(prompt_ids, max_new_tokens)
         while not self.prefill_step(seq):
@@ -462,7 +462,7 @@ class Engine:
 
     def decode(
         self,
-        seq: Sequence,
+        seq: PromptBatch,
         n: int,
         params: SamplingParams | None = None,
         *,

@@ -33,7 +33,7 @@ from common.memory_cap import MemoryCapExceeded
 from engine.kernels.cpp_cpu import flush_denormals
 from engine.model import SamplingParams
 from engine.model.generate import LogitsProcessor
-from engine.runtime.engine import Engine, EngineBusy, Sequence
+from engine.runtime.engine import Engine, EngineBusy, PromptBatch
 from engine.runtime.sampling import Sampler
 from engine.runtime.torch_thread import TorchThread
 
@@ -102,7 +102,7 @@ class Handle:
 @dataclass
 class _Active:
     handle: Handle
-    seq: Sequence
+    seq: PromptBatch
     sampler: Sampler
     prefill: PrefillProgress
     joined: bool = False  # decoding in the batch (else prefilling, or waiting for a row)
@@ -120,14 +120,14 @@ class PrefillProgress:
     """Logs a long prompt's prefill every `every` chunks and at its end: tokens done of total, tok/s and the
     time left, so a user waiting minutes on a CPU sees it move. Prompts of at most `every` chunks log nothing."""
 
-    def __init__(self, seq: Sequence, chunk: int, every: int = PREFILL_LOG_EVERY_CHUNKS):
+    def __init__(self, seq: PromptBatch, chunk: int, every: int = PREFILL_LOG_EVERY_CHUNKS):
         self.total = seq.prompt_len
         self.start_done = seq.prompt_len - seq.pending.shape[1]  # restored from the prefix cache
         self.every, self.chunks = every, 0
         self.enabled = seq.pending.shape[1] > every * chunk
         self.started = time.monotonic()
 
-    def step(self, seq: Sequence) -> None:
+    def step(self, seq: PromptBatch) -> None:
         self.chunks += 1
         if not self.enabled or (self.chunks % self.every and not seq.prefilled):
             return
@@ -165,7 +165,6 @@ class Scheduler:
         self._cond = threading.Condition()
         self._waiting: deque[Handle] = deque()
         self._active: list[_Active] = []
-        self._paused = False
         self._stopping = False
         # The loop runs on the thread that loaded the engine where the caller gives it (torch_thread.py).
         self._own_thread = torch_thread is None
@@ -189,28 +188,24 @@ class Scheduler:
             self._torch_thread.close()
 
     def submit(self, request: Request, sink: Sink) -> Handle:
-        handle = Handle(request, sink)
-        handle._wake = self._notify
+        return self.submit_together([(request, sink)])[0]
+
+    def submit_together(self, requests: list[tuple[Request, Sink]]) -> list[Handle]:
+        """Queue every request or none (QueueFull when they do not all fit): they reach the loop's next
+        step together, as a round of requests sent at once does."""
+        handles = [Handle(request, sink) for request, sink in requests]
+        for handle in handles:
+            handle._wake = self._notify
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the scheduler is stopped")
             free_slots = max(0, self.max_active - len(self._active))
-            if len(self._waiting) >= self.max_queue + free_slots:
-                self.counts["rejected"] += 1
+            if len(self._waiting) + len(handles) > self.max_queue + free_slots:
+                self.counts["rejected"] += len(handles)
                 raise QueueFull(len(self._waiting), self.retry_after_s)
-            self._waiting.append(handle)
+            self._waiting.extend(handles)
             self._cond.notify_all()
-        return handle
-
-    def pause(self) -> None:
-        """Hold every sequence where it is (requests still queue); for maintenance and tests."""
-        with self._cond:
-            self._paused = True
-
-    def resume(self) -> None:
-        with self._cond:
-            self._paused = False
-            self._cond.notify_all()
+        return handles
 
     def stats(self) -> dict:
         with self._cond:
@@ -221,7 +216,6 @@ class Scheduler:
                 "batch_rows": self.engine.batch.rows,  # the batch's bucket (idle rows included)
                 "max_active": self.max_active,
                 "max_queue": self.max_queue,
-                "paused": self._paused,
                 **self.counts,
             }
 
@@ -238,7 +232,7 @@ class Scheduler:
             with self._cond:
                 while True:
                     self._drop_cancelled_waiting()
-                    if self._stopping or (not self._paused and (self._active or self._waiting)):
+                    if self._stopping or self._active or self._waiting:
                         break
                     self._cond.wait()
                 if self._stopping:
@@ -355,7 +349,7 @@ class Scheduler:
         [] when it goes alone."""
         length = prompts[0].seq.held.cache.length
 
-        def joins(seq: Sequence) -> bool:
+        def joins(seq: PromptBatch) -> bool:
             return seq.batch_size == 1 and not seq.prefilled and seq.held.cache.length == length
 
         if not joins(prompts[0].seq):
@@ -397,7 +391,7 @@ class Scheduler:
             self._end(active, self._finished("length", seq))
 
     @staticmethod
-    def _finished(reason: str, seq: Sequence) -> Finished:
+    def _finished(reason: str, seq: PromptBatch) -> Finished:
         return Finished(reason, seq.prompt_len, seq.cached_tokens, len(seq.generated))
 
     def _end(self, active: _Active, event: Finished | Failed | None) -> None:

@@ -5,7 +5,7 @@ Public interface:
 * `ReasoningMemory.open(ledger_path=None, *, reasoning_field="reasoning_content",
   secret_dir=None, max_entries=4096, max_bytes=128 MiB, ttl_s=7 days, max_signature_bytes=1 MiB)`
   – the one object the proxy holds (`reasoning_field` may be "auto": each turn is then sent back
-  in the vehicle detected for it, `RecordedTurn.field`).
+  in the reasoning field detected for it, `RecordedTurn.field`).
   * `begin_turn(session, position=None) -> RecordedTurn` (`position`: how many assistant turns
     precede this one in the conversation; not `k3.dialects.common.Turn`, the client's turn): its
     `entry_id`, `field`, `add(event)` for every `k3.tools` event in order, `sign(segment_text) -> str`

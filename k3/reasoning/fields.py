@@ -41,7 +41,7 @@ def check_field(field: str) -> str:
 
 
 def detect_reasoning_field(delta: dict) -> str | None:
-    """Which vehicle an upstream delta (or message) uses for reasoning, if it shows one.
+    """Which reasoning field an upstream delta (or message) uses for reasoning, if it shows one.
 
     For `--reasoning-field auto`: the first non-None answer in a stream decides.
     """

@@ -62,7 +62,7 @@ class RecordedTurn:
     def __init__(self, memory: ReasoningMemory, session: str, position: int | None = None) -> None:
         self.entry_id = secrets.token_hex(16)
         self.position = position
-        self.field: str | None = None  # the detected reasoning vehicle, when the memory runs on "auto"
+        self.field: str | None = None  # the detected reasoning field, when the memory runs on "auto"
         self._memory, self._session = memory, session
         self._segments: list[tuple[str, list[str]]] = []  # ("reasoning" | "text", pieces), in order
         self._calls: list[dict] = []

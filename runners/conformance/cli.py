@@ -74,7 +74,7 @@ def install_cmd() -> None:
     help="Write the receipt, results/RESULTS.md and docs/CLIENTS.md.",
 )
 @click.option("--list", "list_only", is_flag=True, help="List the selected cases and exit.")
-def run_cmd(clients, scenarios, k3_repo, timeout, log_dir, receipt, list_only) -> None:  # fmt: skip
+def run_cmd(clients, scenarios, k3_repo, timeout, log_dir, receipt, list_only) -> None:
     """Run every selected client x scenario through k3; exit 1 if any fails."""
     try:
         cases = select(list(clients) or None, list(scenarios) or None)

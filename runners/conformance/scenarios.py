@@ -353,7 +353,7 @@ ERROR = EngineError(
 PATCH = ApplyPatch("apply_patch", "Codex's freeform apply_patch tool creates a file")
 EDIT = Edit("edit", "aider edits a file from the answer's text")
 
-# The engine's text formats and reasoning vehicles, streamed (the harder path for the parsers),
+# The engine's text formats and reasoning fields, streamed (the harder path for the parsers),
 # through the quickest real client.
 FORMATS = [
     ToolRoundTrip(

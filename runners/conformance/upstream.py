@@ -8,7 +8,7 @@
         upstream.agent_requests()                         # every agent payload k3 sent, in order
 
 The replies are the test suite's (`k3.testing.fake_upstream.Reply`), written as the fake engine writes
-them: reasoning in any engine vehicle, tool calls native or in any text format k3 parses, or an
+them: reasoning in any engine reasoning field, tool calls native or in any text format k3 parses, or an
 HTTP error. What this adds for a run of a real client: each agent request (`POST
 /v1/chat/completions`) gets the next scripted reply, as JSON or SSE following the request's
 `stream`; requests a client makes on the side (titles, summaries) are told apart by

@@ -22,7 +22,7 @@ VOLATILE_HEADERS = {"date", "content-length", "set-cookie", "transfer-encoding",
 
 
 @dataclass
-class Turn:
+class StreamedTurn:
     """What one request saw: its timestamps (perf_counter seconds), text chunks, usage and outcome."""
 
     start: float
@@ -50,9 +50,9 @@ def _merge(old: Usage, new: Usage) -> Usage:
 
 
 async def stream_turn(client: httpx.AsyncClient, url: str, dialect: str, body: bytes,
-                      headers: dict[str, str]) -> Turn:  # fmt: skip
+                      headers: dict[str, str]) -> StreamedTurn:  # fmt: skip
     """POST one streamed request and read it to its end."""
-    turn = Turn(start=time.perf_counter())
+    turn = StreamedTurn(start=time.perf_counter())
     try:
         async with client.stream("POST", url, content=body, headers=headers) as response:
             turn.status, turn.headers = response.status_code, server_headers(response)
@@ -67,7 +67,7 @@ async def stream_turn(client: httpx.AsyncClient, url: str, dialect: str, body: b
     return turn
 
 
-async def _read_events(response: httpx.Response, dialect: str, turn: Turn) -> None:
+async def _read_events(response: httpx.Response, dialect: str, turn: StreamedTurn) -> None:
     ended = False
     async for line in response.aiter_lines():
         if not line.startswith("data:"):

@@ -21,7 +21,7 @@ import httpx
 import orjson
 
 from runners.serve import dialects
-from runners.serve.client import Turn, stream_turn
+from runners.serve.client import StreamedTurn, stream_turn
 from runners.serve.datasets import Request
 from runners.serve.metrics import ESTIMATE, Sample, TokenCounter, measure
 
@@ -120,7 +120,7 @@ async def run_level(target: Target, requests: list[Request], level: Level, *, co
     width = max(level.concurrency or 0, 1) + (64 if level.rate is not None else 0)
     limits = httpx.Limits(max_connections=width, max_keepalive_connections=width)
     result = LevelResult(level)
-    turns: list[Turn] = []
+    turns: list[StreamedTurn] = []
     async with httpx.AsyncClient(timeout=httpx.Timeout(target.timeout_s, connect=10), limits=limits) as http:
 
         async def send_untimed(index: int) -> None:

@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from runners.serve.client import Turn
+from runners.serve.client import StreamedTurn
 
 ITL_METHOD = (
     "a chunk of k tokens arriving g ms after the previous chunk gives k ITL values of g/k; the "
@@ -74,7 +74,7 @@ def apportion(total: int, weights: list[int]) -> list[int]:
     return [1 + c for c in counts]
 
 
-def measure(turn: Turn, counter: TokenCounter = ESTIMATE) -> Sample:
+def measure(turn: StreamedTurn, counter: TokenCounter = ESTIMATE) -> Sample:
     """A finished turn's metrics; an errored turn keeps only its error and wall time."""
     e2e_ms = (turn.end - turn.start) * 1e3
     if not turn.ok:

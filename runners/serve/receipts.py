@@ -75,7 +75,7 @@ def write_level(result: LevelResult, target: Target, *, label: str, config: dict
             "error_messages": dict(errors.most_common(10)),
             "server_headers": result.headers,
             **facts,
-        },  # fmt: skip
+        },
         samples=raw,
         units={k: UNITS[k] for k in [*raw, *derived]},
         derived=derived,

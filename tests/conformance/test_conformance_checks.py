@@ -77,7 +77,7 @@ def test_each_defect_is_named(change, words):
     assert problem is not None and words in problem and problem.startswith("engine request #2")
 
 
-def test_reasoning_vehicles_are_checked_where_the_engine_reads_them():
+def test_reasoning_fields_are_checked_where_the_engine_reads_them():
     by_name = {s.name: s for s in FIELDS}
     think = first_reply(by_name["reasoning_field.think"])
     plain = second_request(think)

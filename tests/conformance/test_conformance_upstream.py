@@ -57,7 +57,7 @@ def test_kimi_k2_ids_and_native_ids_are_the_engines():
     assert Reply(tool_calls=[CALL], tool_format="hermes").expected_call_id(0) is None
 
 
-def test_reasoning_in_the_text_vehicles():
+def test_reasoning_in_the_text_fields():
     k3 = Reply(
         content="Hi.", reasoning="R <1>", tool_calls=[CALL], tool_format="kimi_k3", reasoning_key="kimi_k3"
     )

@@ -67,7 +67,7 @@ json_values = st.recursive(
             inner,
             max_size=5,
         )
-    ),  # fmt: skip
+    ),
     max_leaves=25,
 )
 

@@ -207,14 +207,14 @@ def test_reasoning_segments_are_signed_where_they_close():
     events += translator.feed(chunk({"reasoning": "r2"}, "stop")) + translator.finish()
     ends = [e for e in events if isinstance(e, ir.ReasoningEnd)]
     assert [(e.text, e.signature) for e in ends] == [("r1", "sig-1"), ("r2", "sig-2")]
-    assert translator.vehicle == "reasoning_content"
+    assert translator.reasoning_field == "reasoning_content"
 
 
-def test_reasoning_found_in_text_names_the_parsers_vehicle():
-    translator = Translator(make_text_parser("hermes", "think"), parser_vehicle="think")
+def test_reasoning_found_in_text_names_the_parsers_field():
+    translator = Translator(make_text_parser("hermes", "think"), parser_field="think")
     events = translator.feed(chunk({"content": "<think>plan</think>ok"}, "stop")) + translator.finish()
     assert kinds(events) == ["ReasoningDelta", "ReasoningEnd", "TextDelta", "Finish"]
-    assert translator.vehicle == "think" and events[1].signature is None
+    assert translator.reasoning_field == "think" and events[1].signature is None
 
 
 @pytest.mark.parametrize(

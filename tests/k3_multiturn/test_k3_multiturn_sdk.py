@@ -78,12 +78,12 @@ def test_second_turn_restores_reasoning_and_exact_arguments(
     call = {"id": seen.upstream_call_id, "type": "function"}
     call["function"] = {"name": "read_file", "arguments": engine_arguments(first)}
     expected = {"role": "assistant", "content": content, "tool_calls": [call]}
-    vehicle = engine_key if field == "auto" else field
-    if vehicle in ("reasoning_content", "kimi_k3"):
+    sent_in = engine_key if field == "auto" else field
+    if sent_in in ("reasoning_content", "kimi_k3"):
         expected["reasoning_content"] = REASONING
-    elif vehicle == "reasoning":
+    elif sent_in == "reasoning":
         expected["reasoning"] = REASONING
-    elif vehicle == "think":
+    elif sent_in == "think":
         expected["content"] = f"<think>{REASONING}</think>{content}"
     assert messages[1] == expected
 

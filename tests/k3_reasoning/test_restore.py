@@ -200,7 +200,7 @@ def test_reasoning_too_large_for_a_signature_gets_a_ledger_only_signature():
     assert mem.restore(client_echo(), signature, SESSION)["reasoning_content"] == big
 
 
-def test_auto_field_replays_each_turn_in_its_detected_vehicle():
+def test_auto_field_replays_each_turn_in_its_detected_field():
     mem = memory("auto")
     turn = mem.begin_turn(SESSION)
     turn.field = "think"

@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from runners.serve import datasets, dialects
-from runners.serve.client import Turn
+from runners.serve.client import StreamedTurn
 from runners.serve.dialects import Piece, Usage
 from runners.serve.load import arrival_gaps
 from runners.serve.metrics import (
@@ -25,7 +25,7 @@ from runners.serve.metrics import (
 
 def turn(chunks, end, output_tokens=None, start=10.0):
     """A turn that started at `start`; chunks are (seconds after start, kind, text)."""
-    return Turn(
+    return StreamedTurn(
         start=start,
         end=start + end,
         status=200,
@@ -86,8 +86,8 @@ def test_apportion(total, weights, want):
 
 def test_errors_are_counted_and_kept_out_of_latencies():
     good = measure(turn([(0.1, "visible", "a"), (0.2, "visible", "b")], end=0.2, output_tokens=2))
-    bad = measure(Turn(start=0.0, end=5.0, status=500, error="HTTP 500: no"))
-    empty = measure(Turn(start=0.0, end=0.1, status=200))
+    bad = measure(StreamedTurn(start=0.0, end=5.0, status=500, error="HTTP 500: no"))
+    empty = measure(StreamedTurn(start=0.0, end=0.1, status=200))
     assert not bad.ok and bad.error == "HTTP 500: no" and not empty.ok
     raw = level_samples([good, bad, empty])
     assert raw["ok"] == [1.0, 0.0, 0.0]
@@ -102,7 +102,7 @@ def test_goodput_counts_requests_within_every_bound():
     fast = measure(turn([(0.1, "visible", "a"), (0.12, "visible", "b")], end=0.12, output_tokens=2))
     slow_start = measure(turn([(0.9, "visible", "a"), (0.92, "visible", "b")], end=0.92, output_tokens=2))
     slow_decode = measure(turn([(0.1, "visible", "a"), (0.5, "visible", "b")], end=0.5, output_tokens=2))
-    bad = measure(Turn(start=0.0, end=0.1, error="boom"))
+    bad = measure(StreamedTurn(start=0.0, end=0.1, error="boom"))
     slo = parse_slo("ttft_ms=500,tpot_ms=100")
     assert [meets(s, slo) for s in (fast, slow_start, slow_decode, bad)] == [True, False, False, False]
     assert level_derived([fast, slow_start, slow_decode, bad], 2.0, slo)["goodput"] == pytest.approx(0.5)

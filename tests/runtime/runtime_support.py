@@ -80,3 +80,11 @@ def write_tiny_artifact(directory: Path, plan: str = "default") -> tuple[Path, P
     if result.exit_code != 0:
         raise RuntimeError(f"kimi-engine quantize failed:\n{result.output}")
     return checkpoint, artifact
+
+
+@contextmanager
+def submitted_together(scheduler: Scheduler) -> Iterator[None]:
+    """Requests submitted inside join at the same step of a running scheduler: this thread holds the
+    scheduler's (reentrant) lock, which its loop takes before it admits anything or steps on."""
+    with scheduler._cond:
+        yield

@@ -36,12 +36,9 @@ def assert_same_greedy(model, prompt: list[int], got: list[int], want: list[int]
 
 
 def _run(scheduler, requests) -> Collector:
-    """Submit every request in the same step (paused), then wait for them all."""
+    """Submit every request in the same step, then wait for them all."""
     out = Collector()
-    scheduler.pause()
-    for label, request in requests.items():
-        scheduler.submit(request, out.sink_for(label))
-    scheduler.resume()
+    scheduler.submit_together([(request, out.sink_for(label)) for label, request in requests.items()])
     out.wait(*requests)
     return out
 
@@ -207,10 +204,12 @@ def test_the_compiled_step_compiles_once_per_bucket_and_gives_the_eager_tokens(r
                 runners.append(engine.batch.lease.runner)
             watched(event)
 
-        s.pause()
-        for label, prompt in prompts.items():
-            s.submit(Request(prompt, params), sink if label == "r0" else out.sink_for(label))
-        s.resume()
+        s.submit_together(
+            [
+                (Request(p, params), sink if label == "r0" else out.sink_for(label))
+                for label, p in prompts.items()
+            ]
+        )
         out.wait(*prompts)
     finally:
         s.stop()

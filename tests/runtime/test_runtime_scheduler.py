@@ -9,7 +9,7 @@ import pytest
 
 from engine.model import SamplingParams, generate
 from engine.runtime import Failed, Finished, QueueFull, Request, Started, Token
-from tests.runtime.runtime_support import random_prompt, running_scheduler
+from tests.runtime.runtime_support import random_prompt, running_scheduler, submitted_together
 
 TIMEOUT_S = 30
 
@@ -61,10 +61,9 @@ def test_requests_generate_what_generate_does_and_interleave(engine, scheduler, 
     prompts = [random_prompt(rng, 30), random_prompt(rng, 30)]
     params = SamplingParams(max_tokens=20)
     out = Collector()
-    scheduler.pause()  # both admitted in the same turn
-    for label, p in zip("ab", prompts, strict=True):
-        scheduler.submit(Request(p, params), out.sink_for(label))
-    scheduler.resume()
+    scheduler.submit_together(
+        [(Request(p, params), out.sink_for(label)) for label, p in zip("ab", prompts, strict=True)]
+    )
     out.wait("a", "b")
     for label, p in zip("ab", prompts, strict=True):
         assert out.tokens(label) == generate(engine.model, p, params).token_ids
@@ -89,16 +88,33 @@ def test_stop_token_ends_with_stop(engine, scheduler, rng):
 def test_a_full_queue_pushes_back_and_fifo_order_holds(engine, rng):
     with running_scheduler(engine, 1, max_queue=2) as s:
         out = Collector()
-        s.pause()
-        for label in "xyz":  # one for the free slot, two waiting
-            s.submit(Request(random_prompt(rng, 10), SamplingParams(max_tokens=3)), out.sink_for(label))
-        with pytest.raises(QueueFull) as full:
-            s.submit(Request(random_prompt(rng, 10), SamplingParams(max_tokens=3)), out.sink_for("w"))
-        assert full.value.retry_after_s >= 1 and s.stats()["rejected"] == 1
-        s.resume()
+        with submitted_together(s):
+            for label in "xyz":  # one for the free slot, two waiting
+                s.submit(Request(random_prompt(rng, 10), SamplingParams(max_tokens=3)), out.sink_for(label))
+            with pytest.raises(QueueFull) as full:
+                s.submit(Request(random_prompt(rng, 10), SamplingParams(max_tokens=3)), out.sink_for("w"))
+            assert full.value.retry_after_s >= 1 and s.stats()["rejected"] == 1
         out.wait("x", "y", "z")
         assert [lab for lab, e in out.events if isinstance(e, Started)] == ["x", "y", "z"]
         assert [lab for lab, e in out.events if isinstance(e, Finished)] == ["x", "y", "z"]
+
+
+def test_requests_submitted_together_are_queued_all_or_none(engine, rng):
+    with running_scheduler(engine, 1, max_queue=2) as s:
+        out = Collector()
+
+        def requests(labels):
+            return [
+                (Request(random_prompt(rng, 10), SamplingParams(max_tokens=3)), out.sink_for(x))
+                for x in labels
+            ]
+
+        with pytest.raises(QueueFull):  # four do not fit in one slot and two places
+            s.submit_together(requests("abcd"))
+        assert s.stats()["queued"] == 0 and s.stats()["rejected"] == 4
+        s.submit_together(requests("xyz"))
+        out.wait("x", "y", "z")
+        assert [lab for lab, e in out.events if isinstance(e, Started)] == ["x", "y", "z"]
 
 
 def test_cancel_frees_the_sequence_at_once(engine, scheduler, rng):
@@ -117,12 +133,11 @@ def test_cancel_frees_the_sequence_at_once(engine, scheduler, rng):
 
 def test_cancelled_while_queued_never_runs(engine, scheduler, rng):
     out = Collector()
-    scheduler.pause()
-    handle = scheduler.submit(
-        Request(random_prompt(rng, 10), SamplingParams(max_tokens=3)), out.sink_for("q")
-    )
-    handle.cancel()
-    scheduler.resume()
+    with submitted_together(scheduler):
+        handle = scheduler.submit(
+            Request(random_prompt(rng, 10), SamplingParams(max_tokens=3)), out.sink_for("q")
+        )
+        handle.cancel()
     _wait_until(lambda: scheduler.stats()["queued"] == 0)
     assert scheduler.stats()["cancelled"] == 1 and out.events == []
 

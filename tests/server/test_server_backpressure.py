@@ -36,19 +36,21 @@ def _freed(context):
 
 async def test_a_full_queue_answers_429_with_retry_after(small_server):
     scheduler = small_server.context.scheduler
-    scheduler.pause()
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
     async with httpx.AsyncClient(base_url=small_server.base_url, timeout=TIMEOUT_S) as client:
-        try:  # one request for the free slot, one waiting, then no room
-            waiting = [asyncio.create_task(client.post("/v1/chat/completions", json=body)) for _ in range(2)]
-            await _until(lambda: scheduler.stats()["queued"] == 2)
+        # A long stream holds the only slot, one request waits behind it, then there is no room.
+        async with client.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as running:
+            assert running.status_code == 200
+            await _until(lambda: scheduler.stats()["active"] == 1)
+            waiting = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+            await _until(lambda: scheduler.stats()["queued"] == 1)
             rejected = await client.post("/v1/chat/completions", json=body)
-        finally:
-            scheduler.resume()
+            assert scheduler.stats()["active"] == 1  # still streaming: the 429 came while it held the slot
+        # leaving the stream cancels it and frees the slot for the waiting request
         assert rejected.status_code == 429
         assert int(rejected.headers["retry-after"]) >= 1
         assert rejected.json()["error"]["code"] == "queue_full"
-        assert [(await w).status_code for w in waiting] == [200, 200]
+        assert (await waiting).status_code == 200
 
 
 async def test_a_streaming_client_that_leaves_frees_its_sequence(small_server):
