@@ -739,7 +739,7 @@ FIGURES: list[Figure] = [
         "harness_selfcheck",
         suite_medians("harness", "encode_us", "Harness self-check: encoding one SSE event", "time per event"),
         draw_bars,
-    ),  # fmt: skip
+    ),
     Figure("decode_throughput", decode_throughput, draw_decode),
     Figure("batching_concurrency", batching_concurrency, draw_batching),
     Figure("memory_headroom", memory_headroom, draw_headroom),
@@ -750,7 +750,7 @@ FIGURES: list[Figure] = [
             "proxy", "added_ms", "Latency k3 adds per turn, through the proxy minus direct", "added latency"
         ),
         draw_bars,
-    ),  # fmt: skip
+    ),
     Figure("proxy_vs_peers", proxy_vs_peers, draw_bars),
     Figure("proxy_load", proxy_load, draw_proxy_load),
     Figure("proxy_turn_steps", proxy_turn_steps, draw_turn_steps),

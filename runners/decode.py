@@ -315,7 +315,7 @@ def _measure_all(engine, label, dtype_name, selections, contexts, batches, gen_t
                         "kda_prefill_kernel": engine.kda_kernel,
                         "cache_tokens": cache_tokens,
                         "bytes_per_token_components": weights | state,
-                    },  # fmt: skip
+                    },
                     samples=samples,
                     units={
                         k: UNITS[k]
@@ -326,7 +326,7 @@ def _measure_all(engine, label, dtype_name, selections, contexts, batches, gen_t
                             "fraction_of_roofline",
                             "engine_over_raw_decode",
                         ]
-                    },  # fmt: skip
+                    },
                     derived={
                         "bytes_per_step": bytes_per_step,
                         "roofline_tok_s": roofline_tok_s,

@@ -79,7 +79,7 @@ def run_benchmarks(
 @click.option("-k", "select", default=None, help="pytest -k expression to run some cases only (e.g. k3).")
 @results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
-def micro_command(runs, max_time, min_rounds, select, results, no_regenerate) -> None:  # fmt: skip
+def micro_command(runs, max_time, min_rounds, select, results, no_regenerate) -> None:
     """Microbenchmarks of k3's turn steps and the engine's per-token host work, as `micro` receipts."""
     from harness.microbench import BenchmarkJSONError, import_benchmark
     from runners.regenerate import regenerate

@@ -376,7 +376,7 @@ def judge_added_latency(base: dict, fresh: dict, allowed_pct: float) -> tuple[fl
     return factor, verdict(old, new, allowed_pct, False, base["samples"]["added_ms"], new_samples)
 
 
-def _latency_gate(max_regression, max_regression_sockets, iterations, results) -> list[str]:  # fmt: skip
+def _latency_gate(max_regression, max_regression_sockets, iterations, results) -> list[str]:
     """The added latency of the gated cases against the committed receipts; -> the regressed ones."""
     from harness.hardware import describe
     from harness.receipt import load_receipt

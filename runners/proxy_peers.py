@@ -132,7 +132,7 @@ def _servers(scratch: Path):
 @count_option("--warmup", default=20, minimum=0, help="Untimed requests per case before the timed ones.")
 @results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
-def proxy_peers_command(iterations, warmup, results, no_regenerate) -> None:  # fmt: skip
+def proxy_peers_command(iterations, warmup, results, no_regenerate) -> None:
     """k3 and LiteLLM's proxy in front of the same engine over loopback: latency each adds per turn."""
     version = litellm_version()
     auth = {"authorization": f"Bearer {PEER_KEY}", "x-api-key": PEER_KEY}

@@ -55,7 +55,7 @@ def training_command(
             "checkpoint": str(path),
             "cached": cached,
             "machine": record["machine"],
-        },  # fmt: skip
+        },
         samples={"loss_nats": record["loss_curve"]},
         units={
             "loss_nats": "nats/token",
@@ -66,7 +66,7 @@ def training_command(
             "steps": "steps",
             "tokens": "tokens",
             "uniform_ppl": "perplexity",
-        },  # fmt: skip
+        },
         derived=derived,
         notes="trained weights (kimi-engine train); loss_nats: training loss of every step"
         + ("; taken from the cache: wall time is that of the run that trained it" if cached else ""),

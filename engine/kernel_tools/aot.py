@@ -162,7 +162,7 @@ def compile_launches(launches: list[Launch], arch: int) -> list[Report]:
                 weight_load_bits=weight_bits,
                 loop_barriers=barriers,
                 loop_instructions_per_weight_byte=per_byte,
-            )  # fmt: skip
+            )
         )
     return reports
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from engine.model.config import KimiLinearConfig
 from engine.model.synthetic_tokenizer import special_base
@@ -20,7 +21,7 @@ def _mla_every_fourth(n_layers: int) -> tuple[int, ...]:
 
 # What every size keeps of the real model: the short-conv width, one shared expert, a dense first layer,
 # the routing scale and renormalisation, the norms' epsilon.
-_KIMI_LINEAR_CONSTANTS = dict(
+_KIMI_LINEAR_CONSTANTS: dict[str, Any] = dict(
     conv_kernel_size=4,
     num_shared_experts=1,
     first_k_dense_replace=1,

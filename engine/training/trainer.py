@@ -101,7 +101,7 @@ def recipe_for(
     lr: float | None = None,
 ) -> Recipe:
     """The preset's default recipe with the given fields changed; the warm-up is at most a tenth of a
-    step-count run. Without --steps or --minutes, the preset's step count."""  # fmt: skip
+    step-count run. Without --steps or --minutes, the preset's step count."""
     base = DEFAULT_RECIPES[preset]
     if minutes is not None and steps is not None:
         raise ValueError("give steps or minutes, not both")

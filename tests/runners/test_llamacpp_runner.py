@@ -42,7 +42,7 @@ def test_the_engine_runs_the_checkpoint_and_its_int4_artifact_through_the_runtim
     runs = {
         kind: engine_runs(
             models.engine_weights(kind), prompt=6, gen=3, repeats=2, device="cpu", dtype="fp32", seed=1
-        )  # fmt: skip
+        )
         for kind in ("dense", "int4")
     }
     assert runs["dense"].kernel_variants == {}
