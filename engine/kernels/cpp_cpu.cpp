@@ -7,6 +7,8 @@
 // x is deinterleaved per group first ([G/2 even elements, G/2 odd elements]), so a group's low nibbles
 // meet one contiguous run of x and its high nibbles the next. Each row accumulates per lane, the group
 // scale applied to each group's lanes, and sums its lanes once at the end.
+//
+// Also KDA prefill's intra-block scores (kda_block_scores), whose decays are formed in registers.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -332,6 +334,90 @@ at::Tensor w4a16_grouped_swiglu(const at::Tensor& x, const at::Tensor& gate, con
   return grouped(x, gate, gate_scales, up, up_scales, route_ids, group);
 }
 
+#if defined(__AVX512F__)
+// e^x for x <= 0 down to about -87 (callers clamp to the KDA floor first): 2^n * e^r with n = round(x log2 e),
+// r = x - n ln 2 (ln 2 in two parts), e^r by Cephes' expf polynomial; about 1 ulp.
+inline __m512 exp_nonpositive(__m512 x) {
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+// One (t, s) pair of a block: sum_d k_sd e^clamp(g_td - g_sd) times k_td (*a) and times q_td (*m).
+inline void pair_scores(const float* qt, const float* kt, const float* gt, const float* ks, const float* gs,
+                        int64_t d_k, float lo, float* a, float* m) {
+  int64_t d = 0;
+  float sum_a = 0.f, sum_m = 0.f;
+#if defined(__AVX512F__)
+  __m512 acc_a = _mm512_setzero_ps(), acc_m = _mm512_setzero_ps();
+  const __m512 lowest = _mm512_set1_ps(lo), zero = _mm512_setzero_ps();
+  for (; d + 16 <= d_k; d += 16) {
+    const __m512 diff = _mm512_sub_ps(_mm512_loadu_ps(gt + d), _mm512_loadu_ps(gs + d));
+    const __m512 decayed = _mm512_mul_ps(_mm512_loadu_ps(ks + d),
+                                         exp_nonpositive(_mm512_max_ps(_mm512_min_ps(diff, zero), lowest)));
+    acc_a = _mm512_fmadd_ps(decayed, _mm512_loadu_ps(kt + d), acc_a);
+    acc_m = _mm512_fmadd_ps(decayed, _mm512_loadu_ps(qt + d), acc_m);
+  }
+  sum_a = _mm512_reduce_add_ps(acc_a);
+  sum_m = _mm512_reduce_add_ps(acc_m);
+#endif
+  for (; d < d_k; ++d) {
+    const float decayed = ks[d] * std::exp(std::max(std::min(gt[d] - gs[d], 0.f), lo));
+    sum_a += decayed * kt[d];
+    sum_m += decayed * qt[d];
+  }
+  *a = sum_a;
+  *m = sum_m;
+}
+
+// KDA's intra-chunk scores inside blocks of `block` tokens (engine/model/kda.py, _intra_chunk_scores,
+// whose torch form is the reference): for q, k, gamma [R, T, D] FP32 with T a multiple of `block`,
+// a[r, j, t, s] = sum_d k_td k_sd e^(g_td - g_sd) for s < t and m[r, j, t, s] = sum_d q_td k_sd e^(g_td - g_sd)
+// for s <= t, t and s the tokens of block j; exponents clamped to [floor, 0]; zero above the diagonal.
+// Each pair's decays are formed in registers, never as a [block, block, D] tensor.
+std::tuple<at::Tensor, at::Tensor> kda_block_scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& gamma,
+                                                    int64_t block, double floor) {
+  TORCH_CHECK(q.dim() == 3 && q.sizes() == k.sizes() && q.sizes() == gamma.sizes(), "q, k, gamma must be [R, T, D]");
+  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && gamma.scalar_type() == at::kFloat,
+              "kda_block_scores takes FP32 q, k, gamma");
+  TORCH_CHECK(block > 0 && q.size(1) % block == 0, "the token count must be a multiple of the block");
+  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), gc = gamma.contiguous();
+  const int64_t rows = q.size(0), tokens = q.size(1), d_k = q.size(2), blocks = tokens / block;
+  at::Tensor a = at::zeros({rows, blocks, block, block}, q.options());
+  at::Tensor m = at::zeros({rows, blocks, block, block}, q.options());
+  const float *qp = qc.data_ptr<float>(), *kp = kc.data_ptr<float>(), *gp = gc.data_ptr<float>();
+  float *ap = a.data_ptr<float>(), *mp = m.data_ptr<float>();
+  const float lo = static_cast<float>(floor);
+  at::parallel_for(0, rows * blocks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t first = item * block;  // the block's first token, counted over all rows
+      float* ab = ap + item * block * block;
+      float* mb = mp + item * block * block;
+      for (int64_t t = 0; t < block; ++t) {
+        const int64_t row_t = (first + t) * d_k;
+        for (int64_t s = 0; s <= t; ++s) {
+          const int64_t row_s = (first + s) * d_k;
+          float score_a, score_m;
+          pair_scores(qp + row_t, kp + row_t, gp + row_t, kp + row_s, gp + row_s, d_k, lo, &score_a, &score_m);
+          if (s < t) ab[t * block + s] = score_a;
+          mb[t * block + s] = score_m;
+        }
+      }
+    }
+  });
+  return {a, m};
+}
+
 }  // namespace
 
 // Denormal FP32 inputs and results taken as zero (MXCSR's DAZ and FTZ bits) on the calling thread and on
@@ -348,6 +434,7 @@ TORCH_LIBRARY(kimi_cpp_cpu, m) {
   m.def("flush_denormals() -> ()", &flush_denormals);
   m.def("mm(Tensor x, Tensor codes, Tensor scales, int group) -> Tensor");
   m.def("w16_mm(Tensor x, Tensor weight) -> Tensor");
+  m.def("kda_block_scores(Tensor q, Tensor k, Tensor gamma, int block, float floor) -> (Tensor, Tensor)");
   m.def("grouped(Tensor x, Tensor codes, Tensor scales, Tensor route_ids, int group) -> Tensor");
   m.def(
       "grouped_swiglu(Tensor x, Tensor gate, Tensor gate_scales, Tensor up, Tensor up_scales, "
@@ -357,6 +444,7 @@ TORCH_LIBRARY(kimi_cpp_cpu, m) {
 TORCH_LIBRARY_IMPL(kimi_cpp_cpu, CPU, m) {
   m.impl("mm", &w4a16_mm);
   m.impl("w16_mm", &w16_mm);
+  m.impl("kda_block_scores", &kda_block_scores);
   m.impl("grouped", &w4a16_grouped);
   m.impl("grouped_swiglu", &w4a16_grouped_swiglu);
 }

@@ -1,4 +1,5 @@
-"""W4A16 (and the BF16 LM head's GEMV) on the CPU through our own C++ kernels (cpp_cpu.cpp), FP32 sums.
+"""W4A16 (and the BF16 LM head's GEMV) on the CPU through our own C++ kernels (cpp_cpu.cpp), FP32 sums;
+and KDA prefill's intra-block scores (`kda_block_scores`, used by engine.runtime.kda_kernels).
 
 They read the artifact's INT4 layout as stored (no repacked copy) and run each operation as one call:
 the dense GEMV reads each weight row once for all rows of ``x``; the expert ops loop over the routes
@@ -107,6 +108,11 @@ def _register_fakes() -> None:
     def _(x, weight):
         return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
 
+    @torch.library.register_fake(f"{NAME}::kda_block_scores")
+    def _(q, k, gamma, block, floor):
+        shape = (q.shape[0], q.shape[1] // block, block, block)
+        return q.new_empty(shape), q.new_empty(shape)
+
     @torch.library.register_fake(f"{NAME}::grouped")
     def _(x, codes, scales, route_ids, group):
         return x.new_empty((*route_ids.shape, codes.shape[1]), dtype=torch.float32)
@@ -135,6 +141,15 @@ def flush_denormals() -> None:
         _ops().flush_denormals()
     else:
         torch.set_flush_denormal(True)
+
+
+def kda_block_scores(
+    q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, block: int, floor: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """KDA prefill's scores inside blocks of `block` tokens (engine.model.kda.BlockScores; `floor` is its
+    EXP_FLOOR): q, k, gamma [R, T, d_k] FP32 -> a, m [R, T / block, block, block]. Each (t, s) pair's
+    decays are formed in registers rather than as a [block, block, d_k] tensor per block."""
+    return _ops().kda_block_scores(q.float(), k.float(), gamma.float(), block, floor)
 
 
 def _variant(op: str, description: str):

@@ -1,6 +1,7 @@
-"""Prefill kernels for the KDA layers: the model's own chunked form, or `fla`'s `chunk_kda` on a GPU.
+"""Prefill kernels for the KDA layers: the model's own chunked form, the same form with its intra-block
+scores from our C++ kernel on the CPU (`cpp`), or `fla`'s `chunk_kda` on a GPU.
 
-Both take the model's already-normalised, already-scaled q and k, the log-space per-channel decay g and
+All take the model's already-normalised, already-scaled q and k, the log-space per-channel decay g and
 beta, and update the FP32 state [B, H, d_k, d_v] in place (fla uses the same state layout).
 """
 
@@ -12,9 +13,11 @@ from collections.abc import Callable
 
 import torch
 
-from engine.model.kda import kda_chunked, l2_normalize
+from engine.kernels import cpp_cpu
+from engine.model.kda import EXP_FLOOR, SUB_CHUNK, kda_chunked, l2_normalize
 
-KDA_KERNELS = ("auto", "torch", "fla")
+KDA_KERNELS = ("auto", "torch", "cpp", "fla")
+CPP_TOLERANCE = 1e-4  # FP32 throughout; only the order of the d_k sums and the exp's last bit differ
 log = logging.getLogger(__name__)
 
 
@@ -29,6 +32,15 @@ def fla_chunk_kda(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
     out, final = chunk_kda(q, k, v, g, beta, scale=1.0, initial_state=state, output_final_state=True)
     state.copy_(final)
     return out
+
+
+def _cpp_block_scores(q, k, gamma):
+    return cpp_cpu.kda_block_scores(q, k, gamma, SUB_CHUNK, EXP_FLOOR)
+
+
+def cpp_chunk_kda(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
+    """`kda_chunked` with the scores inside each SUB_CHUNK block from the C++ kernel (inference only)."""
+    return kda_chunked(q, k, v, g, beta, state, block_scores=_cpp_block_scores)
 
 
 def random_kda_inputs(
@@ -71,20 +83,31 @@ def check_against_reference(kernel: Callable, device: torch.device, *, tolerance
 
 
 def select_kda_kernel(choice: str, device: torch.device) -> tuple[str, Callable]:
-    """(name, kernel) for `choice` in KDA_KERNELS. auto takes fla on a GPU when it is installed and passes
-    a check against the chunked form at load, and falls back to torch (with a warning) otherwise."""
+    """(name, kernel) for `choice` in KDA_KERNELS. auto takes fla on a GPU when it is installed, and cpp
+    on the CPU when our C++ library builds, each only if it passes a check against the chunked form at
+    load; otherwise torch (with a warning when the faster one failed its check)."""
     if choice not in KDA_KERNELS:
         raise ValueError(f"unknown KDA kernel {choice!r}; choose one of {', '.join(KDA_KERNELS)}")
     on_gpu = device.type == "cuda"
     if choice == "fla" and not (on_gpu and fla_available()):
         raise ValueError("the fla KDA kernel needs a CUDA device and the flash-linear-attention package")
+    if choice == "cpp" and (on_gpu or (reason := cpp_cpu.unavailable()) is not None):
+        raise ValueError(f"the cpp KDA kernel runs on the CPU only{'' if on_gpu else ': ' + str(reason)}")
     if choice == "fla" or (choice == "auto" and on_gpu and fla_available()):
-        problem = check_against_reference(fla_chunk_kda, device)
-        if problem is None:
-            return "fla", fla_chunk_kda
-        if choice == "fla":
-            raise ValueError(f"fla's chunk_kda failed its check on {device}: {problem}")
-        log.warning(
-            "fla's chunk_kda failed its check on %s (%s); using the torch chunked form", device, problem
-        )
+        candidate, kernel, tolerance = "fla", fla_chunk_kda, 2e-3
+    elif choice == "cpp" or (choice == "auto" and not on_gpu and cpp_cpu.unavailable() is None):
+        candidate, kernel, tolerance = "cpp", cpp_chunk_kda, CPP_TOLERANCE
+    else:
+        return "torch", kda_chunked
+    problem = check_against_reference(kernel, device, tolerance=tolerance)
+    if problem is None:
+        return candidate, kernel
+    if choice == candidate:
+        raise ValueError(f"the {candidate} KDA kernel failed its check on {device}: {problem}")
+    log.warning(
+        "the %s KDA kernel failed its check on %s (%s); using the torch chunked form",
+        candidate,
+        device,
+        problem,
+    )
     return "torch", kda_chunked

@@ -93,7 +93,8 @@ from engine.runtime.kda_kernels import KDA_KERNELS
     type=click.Choice(KDA_KERNELS),
     default="auto",
     show_default=True,
-    help="KDA prefill kernel: torch (the engine's chunked form) or fla (GPU); auto takes fla when installed.",
+    help="KDA prefill kernel: torch (the engine's chunked form), cpp (that form with its intra-block scores "
+    "from our C++ kernel; CPU) or fla (GPU); auto takes fla on a GPU when installed, cpp on the CPU.",
 )
 @text_option("--host", default="127.0.0.1", help="Bind address (keep loopback).")
 @click.option(

@@ -44,7 +44,9 @@ def test_every_weight_format_constructs_its_kda_layers_with_the_given_kernel(tin
 @pytest.mark.parametrize("quant", [None, "default"])
 def test_the_built_model_is_in_its_final_form_and_computes_the_plain_logits(rng, quant):
     source = open_model_source(synthetic="tiny", quant=quant)
-    built = build_model(source, device=CPU, dtype=torch.float32)
+    # The plain model runs the torch KDA form, so the built one does too: the CPU default's C++ block
+    # scores differ in the last bits, which can flip a near-tie of the quantised model's routing.
+    built = build_model(source, device=CPU, dtype=torch.float32, kda_kernel="torch")
     assert built.kda_kernel == "torch"
     assert all(
         m.chunked_kernel is kda_chunked for m in built.model.modules() if isinstance(m, KimiDeltaAttention)

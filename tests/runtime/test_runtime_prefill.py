@@ -1,4 +1,5 @@
-"""Long-prompt prefill: chunked, no per-token loop, same logits as one uncached pass; the fla variant."""
+"""Long-prompt prefill: chunked, no per-token loop, same logits as one uncached pass; the cpp and fla
+variants of the chunked form."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import pytest
 import torch
 
 import engine.model.kda as kda_module
+from engine.kernels import cpp_cpu
 from engine.model.kda import KimiDeltaAttention, kda_chunked
 from engine.runtime import Engine
 from engine.runtime.kda_kernels import (
     check_against_reference,
+    cpp_chunk_kda,
     fla_chunk_kda,
     random_kda_inputs,
     select_kda_kernel,
@@ -50,13 +53,54 @@ def test_a_4k_prompt_prefills_in_chunks_without_a_per_token_loop(engine, rng, mo
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-4 * expected.abs().max().item())
 
 
-def test_torch_kernel_is_chosen_on_the_cpu():
+def test_the_cpp_kernel_is_chosen_on_the_cpu_and_others_are_refused_there():
     name, kernel = select_kda_kernel("auto", torch.device("cpu"))
-    assert (name, kernel) == ("torch", kda_chunked)
+    assert (name, kernel) == ("cpp", cpp_chunk_kda)
+    assert select_kda_kernel("torch", torch.device("cpu")) == ("torch", kda_chunked)
     with pytest.raises(ValueError, match="fla KDA kernel needs"):
         select_kda_kernel("fla", torch.device("cpu"))
     with pytest.raises(ValueError, match="unknown KDA kernel"):
         select_kda_kernel("triton", torch.device("cpu"))
+
+
+def test_auto_falls_back_to_torch_when_the_cpp_library_cannot_build(monkeypatch):
+    monkeypatch.setattr(cpp_cpu, "unavailable", lambda: "building cpp_cpu.cpp failed: no compiler")
+    assert select_kda_kernel("auto", torch.device("cpu")) == ("torch", kda_chunked)
+    with pytest.raises(ValueError, match="no compiler"):
+        select_kda_kernel("cpp", torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    ("tokens", "heads", "dim", "decay"),
+    [(130, 2, 64, 0.5), (64, 1, 128, 12.0), (300, 3, 40, 3.0), (16, 2, 128, 0.01)],
+)
+def test_the_cpp_intra_block_scores_give_the_chunked_forms_outputs_and_state(tokens, heads, dim, decay):
+    """Fresh seeds; decays from mild to strong enough that intra-block exponents reach EXP_FLOOR (12 per
+    token over 16 tokens), d_k not a multiple of the vector width (40), a prompt shorter than a chunk.
+    Outputs poisoned first; tolerance 1e-4 of the output scale (FP32 both ways; sum order and the last
+    bit of exp differ)."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,)).item()))
+    q, k, v, g, beta, state = random_kda_inputs(gen, "cpu", batch=2, tokens=tokens, heads=heads, dim=dim)
+    g = g * (decay / 0.5)
+    ref_state, cpp_state = state.clone(), state.clone()
+    expected = kda_chunked(q, k, v, g, beta, ref_state)
+    out = torch.full_like(expected, float("nan"))
+    out.copy_(cpp_chunk_kda(q, k, v, g, beta, cpp_state))
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-4 * expected.abs().max().item())
+    torch.testing.assert_close(cpp_state, ref_state, rtol=0, atol=1e-4 * ref_state.abs().max().item())
+
+
+def test_the_cpp_block_scores_are_the_torch_forms_diagonal_blocks():
+    """The kernel alone against `_intra_chunk_scores`'s own blocks: strictly lower a, lower m, zeros above."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,)).item()))
+    q, k = (torch.randn(3, 64, 48, generator=gen) for _ in range(2))
+    gamma = (-torch.rand(3, 64, 48, generator=gen) * 2).cumsum(1)
+    a_ref, m_ref = kda_module._intra_chunk_scores(q, k, gamma)
+    a, m = cpp_cpu.kda_block_scores(q, k, gamma, kda_module.SUB_CHUNK, kda_module.EXP_FLOOR)
+    for got, ref in ((a, a_ref), (m, m_ref)):
+        want = kda_module._diagonal_blocks(ref)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
+    assert (a.triu() == 0).all() and (m.triu(1) == 0).all()
 
 
 def test_the_kernel_check_accepts_the_reference_and_catches_a_wrong_kernel():
