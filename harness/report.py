@@ -38,6 +38,11 @@ SUITES = {
         "latency, output tok/s and goodput per endpoint, dialect and concurrency or request rate; errors "
         "are counted and kept out of the latencies (docs/METHODS.md).",
     ),
+    "profile-prefill": (
+        "Prefill time split",
+        "`python -m runners profile --prefill N`: milliseconds of one prompt's prefill per model component "
+        "(timing hooks; `other` is the rest of the forward pass).",
+    ),
     "harness": (
         "Harness self-check",
         "A small real measurement that proves the receipt → report → figures → audit path.",

@@ -9,7 +9,9 @@ One receipt per run, one sample per step and component. Method: docs/METHODS.md.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -27,6 +29,7 @@ from engine.cli_options import (
     synthetic_option,
 )
 from engine.runtime import Engine
+from engine.runtime.kda_kernels import KDA_KERNELS
 from harness.receipt import write_receipt
 from runners.options import results_option
 from runners.outcome import report
@@ -53,11 +56,11 @@ def component_modules(model) -> dict[torch.nn.Module, str]:
     return parts
 
 
-@torch.inference_mode()
-def profile_steps(engine: Engine, context: int, steps: int, seed: int) -> dict[str, list[float]]:
-    """Milliseconds per component for each of `steps` eager decode steps after a `context`-token prompt."""
-    model, device = engine.model, engine.device
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+@contextlib.contextmanager
+def component_timers(model) -> Iterator[dict[str, float]]:
+    """Timing hooks on each component's entry points while inside (MLA decode enters through `decode`,
+    not `forward`): yields the seconds spent per component, which the caller zeroes between passes."""
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     spent = dict.fromkeys(COMPONENTS, 0.0)
 
     def timed(method, component):
@@ -71,35 +74,66 @@ def profile_steps(engine: Engine, context: int, steps: int, seed: int) -> dict[s
 
         return call
 
-    # Wrap each component's entry points on the instance (MLA decode enters through `decode`, not `forward`).
-    wrapped = [
-        (m, name) for m in component_modules(model) for name in ("forward", "decode") if hasattr(m, name)
-    ]
     parts = component_modules(model)
+    wrapped = [(m, name) for m in parts for name in ("forward", "decode") if hasattr(m, name)]
     for module, name in wrapped:
         setattr(module, name, timed(getattr(module, name), parts[module]))
-    generator = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(0, model.config.vocab_size, (1, context), generator=generator).to(device)
-    cache = model.new_cache(context + steps + 1)
-    samples: dict[str, list[float]] = {c: [] for c in COMPONENTS}
     try:
-        token = model.prefill(prompt, cache).argmax(-1)
-        for step in range(steps + 1):
-            spent.update(dict.fromkeys(COMPONENTS, 0.0))
-            sync()
-            begin = time.perf_counter()
-            token = model.decode_step(token, cache).argmax(-1)
-            sync()
-            total = time.perf_counter() - begin
-            if step == 0:
-                continue  # warm-up step: first-call costs
-            spent["other"] = total - sum(v for k, v in spent.items() if k != "other")
-            for component in COMPONENTS:
-                samples[component].append(spent[component] * 1e3)
+        yield spent
     finally:
         for module, name in wrapped:
             delattr(module, name)
+
+
+def _timed_passes(model, passes: int, run: Callable[[], None]) -> dict[str, list[float]]:
+    """Milliseconds per component of `passes` calls of `run` after one untimed (first-call costs);
+    `other` is each pass's time outside the components."""
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    samples: dict[str, list[float]] = {c: [] for c in COMPONENTS}
+    with component_timers(model) as spent:
+        for n in range(passes + 1):
+            spent.update(dict.fromkeys(COMPONENTS, 0.0))
+            sync()
+            begin = time.perf_counter()
+            run()
+            sync()
+            total = time.perf_counter() - begin
+            if n == 0:
+                continue
+            spent["other"] = total - sum(v for k, v in spent.items() if k != "other")
+            for component in COMPONENTS:
+                samples[component].append(spent[component] * 1e3)
     return {k: v for k, v in samples.items() if any(v)}
+
+
+@torch.inference_mode()
+def profile_steps(engine: Engine, context: int, steps: int, seed: int) -> dict[str, list[float]]:
+    """Milliseconds per component for each of `steps` eager decode steps after a `context`-token prompt."""
+    model = engine.model
+    generator = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, model.config.vocab_size, (1, context), generator=generator).to(model.device)
+    cache = model.new_cache(context + steps + 1)
+    token = model.prefill(prompt, cache).argmax(-1)
+
+    def step() -> None:
+        nonlocal token
+        token = model.decode_step(token, cache).argmax(-1)
+
+    return _timed_passes(model, steps, step)
+
+
+@torch.inference_mode()
+def profile_prefills(engine: Engine, tokens: int, repeats: int, seed: int) -> dict[str, list[float]]:
+    """Milliseconds per component for each of `repeats` prefills of a fresh `tokens`-token prompt into an
+    empty cache (one forward pass, as the engine runs a prompt of up to one prefill chunk)."""
+    model = engine.model
+    generator = torch.Generator().manual_seed(seed)
+
+    def prefill() -> None:
+        prompt = torch.randint(0, model.config.vocab_size, (1, tokens), generator=generator).to(model.device)
+        model.prefill(prompt, model.new_cache(tokens + 1))
+
+    return _timed_passes(model, repeats, prefill)
 
 
 @click.command("profile")
@@ -109,7 +143,22 @@ def profile_steps(engine: Engine, context: int, steps: int, seed: int) -> dict[s
 @quant_option("Quantise the synthetic model in memory with this plan (docs/INT4.md). Default: none on the CPU, "
               "default on a GPU.")  # fmt: skip
 @count_option("--context", default=256, help="Tokens in the cache when the decode steps are profiled.")
-@count_option("--steps", default=16, help="Profiled decode steps.")
+@count_option("--steps", default=16, help="Profiled decode steps (with --prefill: profiled prefills).")
+@click.option(
+    "--prefill",
+    "prefill_tokens",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Instead of decode steps: prefills of a fresh prompt of this many tokens (one forward pass each), "
+    "split the same way; a profile-prefill receipt. --context is then unused.",
+)
+@click.option(
+    "--kda-kernel",
+    type=click.Choice(KDA_KERNELS),
+    default="auto",
+    show_default=True,
+    help="KDA prefill kernel (engine/runtime/kda_kernels.py), as `kimi-engine serve --kda-kernel`.",
+)
 @threads_option("torch")
 @click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights and the prompt.")
 @click.option(
@@ -121,9 +170,10 @@ def profile_steps(engine: Engine, context: int, steps: int, seed: int) -> dict[s
 )
 @results_option
 @click.option("--no-regenerate", is_flag=True, help="Write the receipt only; skip RESULTS.md and figures.")
-def profile_command(synthetic, device, dtype, quant, context, steps, threads, seed, count_kernels, results,
-                    no_regenerate):  # fmt: skip
-    """Split of a decode step's time by model component, as a receipt (the decode time split figure)."""
+def profile_command(synthetic, device, dtype, quant, context, steps, prefill_tokens, kda_kernel, threads, seed,
+                    count_kernels, results, no_regenerate):  # fmt: skip
+    """Split of a decode step's time by model component, as a receipt (the decode time split figure);
+    with --prefill, of a prompt's prefill."""
     if count_kernels:
         if quant == NO_QUANT:
             raise click.UsageError(
@@ -140,20 +190,44 @@ def profile_command(synthetic, device, dtype, quant, context, steps, threads, se
     click.echo(
         f"building synthetic '{synthetic}' ({dtype}, quant {quant or 'none'}) on {device} ...", err=True
     )
+    max_context = (prefill_tokens or context + steps) + 1
     engine = Engine.load(synthetic=synthetic, seed=seed, quant=quant, device=device, dtype=torch_dtype,
-                         max_context=context + steps + 1, cuda_graphs=False, prefix_cache_gib=0)  # fmt: skip
+                         max_context=max_context, cuda_graphs=False, prefix_cache_gib=0,
+                         kda_kernel=kda_kernel)  # fmt: skip
     try:
-        samples = profile_steps(engine, context, steps, seed)
+        if prefill_tokens is None:
+            samples = profile_steps(engine, context, steps, seed)
+        else:
+            samples = profile_prefills(engine, prefill_tokens, steps, seed)
     finally:
         engine.close()
+    plan = f"{'.plan-' + quant if quant else ''}"
+    if prefill_tokens is None:
+        suite, name, unit = "profile", f"synthetic-{synthetic}.{dtype}{plan}.ctx{context}", "ms/step"
+        what = {
+            "context": context,
+            "steps": steps,
+            "method": "eager decode_step with timing hooks per component",
+        }
+    else:
+        suite, name, unit = (
+            "profile-prefill",
+            f"synthetic-{synthetic}.{dtype}{plan}.p{prefill_tokens}.kda-{engine.kda_kernel}",
+            "ms/prefill",
+        )
+        what = {
+            "prompt_tokens": prefill_tokens,
+            "prefills": steps,
+            "kda_prefill_kernel": engine.kda_kernel,
+            "method": "model.prefill of a fresh prompt into an empty cache, timing hooks per component",
+        }
     path = write_receipt(
-        "profile",
-        f"synthetic-{synthetic}.{dtype}{'.plan-' + quant if quant else ''}.ctx{context}",
+        suite,
+        name,
         config={"model": f"synthetic-{synthetic}", "weights": "synthetic weights", "dtype": dtype,
-                "quant": quant, "device": device, "threads": threads, "context": context,
-                "steps": steps, "seed": seed, "method": "eager decode_step with timing hooks per component"},
+                "quant": quant, "device": device, "threads": threads, "seed": seed, **what},
         samples=samples,
-        units=dict.fromkeys(samples, "ms/step"),
+        units=dict.fromkeys(samples, unit),
         notes="synthetic weights; hooks synchronise the device, so the split matters, not the total",
         results_dir=results,
     )  # fmt: skip

@@ -19,6 +19,22 @@ def test_profile_splits_every_step_by_component(tmp_path):
     assert all(x > 0 for k, v in samples.items() if k != "other" for x in v)
 
 
+def test_profile_prefill_splits_each_prefill_and_sums_to_its_time(tmp_path):
+    result = CliRunner().invoke(
+        main, ["profile", "--synthetic", "tiny", "--prefill", "40", "--steps", "2", "--kda-kernel", "torch",
+               "--results", str(tmp_path), "--no-regenerate"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    (receipt,) = map(load_receipt, receipt_paths(tmp_path))
+    assert receipt["suite"] == "profile-prefill" and receipt["config"]["prompt_tokens"] == 40
+    samples = receipt["samples"]
+    assert {"kda_attention", "mla_attention", "moe_experts", "lm_head"} <= set(samples)
+    assert all(len(v) == 2 for v in samples.values())
+    assert all(x > 0 for k, v in samples.items() if k != "other" for x in v)
+    assert receipt["units"]["kda_attention"] == "ms/prefill"
+    assert receipt["config"]["kda_prefill_kernel"] == "torch" and receipt["name"].endswith(".p40.kda-torch")
+
+
 def test_count_kernels_writes_a_kernel_count_receipt_without_a_gpu(tmp_path):
     result = CliRunner().invoke(
         main,
