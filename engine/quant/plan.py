@@ -182,6 +182,11 @@ PLANS: dict[str, Plan] = {
             rounding="mse",
         ),
         Plan(
+            "int4-embed-int8-head",
+            "int4-embed with an INT8 LM head (as llama.cpp's Q4_0 keeps its output matrix at 6 bits)",
+            {**_BASE, "lm_head": "int8", "embedding": "int4"},
+        ),
+        Plan(
             "shared-bf16", "default with the shared experts kept in BF16", {**_BASE, "shared_expert": "keep"}
         ),
     ]

@@ -87,7 +87,9 @@ def _compare(quantized, reference, prompt: torch.Tensor, steps: int) -> None:
     assert torch.equal(got.argmax(-1), want.argmax(-1))
 
 
-@pytest.mark.parametrize("plan", ["default", "shared-bf16", "int8-head", "int4-embed", "int4-embed-mse"])
+@pytest.mark.parametrize(
+    "plan", ["default", "shared-bf16", "int8-head", "int4-embed", "int4-embed-mse", "int4-embed-int8-head"]
+)
 def test_reference_kernels_match_the_dequantised_model(artifact, plan):
     path = artifact("tiny", plan)
     quantized = load_quantized_model(path, dtype=torch.float32, kernels=registry.named_choices("reference"))
