@@ -108,12 +108,21 @@ def _text(value) -> str | None:
     return value.decode() if isinstance(value, bytes) else value
 
 
+# The vector extensions the engine's CPU paths depend on (BF16 default, AVX-512 kernels): two machines of
+# one model name may differ in them, and their numbers then differ too.
+VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
 def _cpu() -> dict:
     model = platform.processor() or ""
+    named, flags = False, set[str]()
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
+        for line in Path("/proc/cpuinfo").read_text().splitlines():  # the first CPU's lines
+            if line.startswith("model name") and not named:
+                model, named = line.split(":", 1)[1].strip(), True
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+            if named and flags:
                 break
     except OSError:
         pass
@@ -123,6 +132,7 @@ def _cpu() -> dict:
         "physical_cores": psutil.cpu_count(logical=False),
         "logical_cores": psutil.cpu_count(logical=True),
         "ram_bytes": psutil.virtual_memory().total,
+        "vector_flags": [flag for flag in VECTOR_FLAGS if flag in flags],
     }
 
 

@@ -12,6 +12,7 @@ def test_cpu_descriptor_is_complete_without_gpu(monkeypatch):
     assert desc["gpus"] == []
     assert "not installed" in desc["gpu_note"]
     assert desc["cpu"]["logical_cores"] >= 1 and desc["cpu"]["ram_bytes"] > 0
+    assert set(desc["cpu"]["vector_flags"]) <= set(hardware.VECTOR_FLAGS)
     assert desc["software"]["python"]
     assert desc["hardware_id"].startswith(f"cpu-{desc['cpu']['logical_cores']}c-")
     assert set(desc["git"]) == {"commit", "dirty"}
@@ -108,3 +109,13 @@ def test_the_descriptor_records_other_processes_busy_beside_the_run():
     assert any(b["name"].startswith("python") and b["cpu_pct"] > 20 for b in load["busy_others"])
     assert len(load["loadavg"]) == 3 and load["cpu_steal_pct"] >= 0
     assert "load" in hardware.describe()
+
+
+def test_the_cpu_descriptor_names_the_vector_extensions_of_the_first_cpu(monkeypatch, tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor: 0\nmodel name: AMD EPYC\nflags: fpu sse2 avx2 fma avx512f avx512_bf16\n\n"
+                    "processor: 1\nmodel name: AMD EPYC\nflags: fpu sse2\n")  # fmt: skip
+    real_path = hardware.Path
+    monkeypatch.setattr(hardware, "Path", lambda p: info if p == "/proc/cpuinfo" else real_path(p))
+    cpu = hardware._cpu()
+    assert cpu["model"] == "AMD EPYC" and cpu["vector_flags"] == ["avx2", "fma", "avx512f", "avx512_bf16"]
