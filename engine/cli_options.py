@@ -16,6 +16,7 @@ from engine.model.dtypes import default_dtype
 from engine.model.presets import PRESETS
 from engine.quant.plan import PLANS
 from engine.runtime.engine import DEFAULT_PREFILL_CHUNK
+from engine.runtime.kda_kernels import KDA_KERNELS
 
 AUTO = "auto"
 NO_QUANT = "none"
@@ -131,4 +132,11 @@ cuda_graphs_option = click.option(
     default=True,
     show_default=True,
     help="Replay each decode step as a CUDA graph (GPU only).",
+)
+kda_kernel_option = click.option(
+    "--kda-kernel",
+    type=click.Choice(KDA_KERNELS),
+    default="auto",
+    show_default=True,
+    help="KDA prefill kernel: torch, cpp (CPU: intra-block scores in C++), fla (GPU); auto: fla or cpp, else torch.",
 )

@@ -22,6 +22,7 @@ from engine.cli_options import (
     NO_QUANT,
     device_option,
     dtype_option,
+    kda_kernel_option,
     quant_option,
     quant_plan,
     resolve_device,
@@ -29,7 +30,6 @@ from engine.cli_options import (
     synthetic_option,
 )
 from engine.runtime import Engine
-from engine.runtime.kda_kernels import KDA_KERNELS
 from harness.receipt import write_receipt
 from runners.options import results_option
 from runners.outcome import report
@@ -152,13 +152,7 @@ def profile_prefills(engine: Engine, tokens: int, repeats: int, seed: int) -> di
     help="Instead of decode steps: prefills of a fresh prompt of this many tokens (one forward pass each), "
     "split the same way; a profile-prefill receipt. --context is then unused.",
 )
-@click.option(
-    "--kda-kernel",
-    type=click.Choice(KDA_KERNELS),
-    default="auto",
-    show_default=True,
-    help="KDA prefill kernel (engine/runtime/kda_kernels.py), as `kimi-engine serve --kda-kernel`.",
-)
+@kda_kernel_option
 @threads_option("torch")
 @click.option("--seed", default=0, show_default=True, help="Seed of the synthetic weights and the prompt.")
 @click.option(

@@ -14,6 +14,7 @@ from engine.cli_options import (
     cuda_graphs_option,
     device_option,
     dtype_option,
+    kda_kernel_option,
     memory_cap_option,
     prefill_chunk_option,
     quant_option,
@@ -25,7 +26,6 @@ from engine.cli_options import (
 )
 from engine.kernels import DEFAULT_SELECTION
 from engine.runtime.compiled import step_option
-from engine.runtime.kda_kernels import KDA_KERNELS
 
 
 @click.command("serve")
@@ -88,14 +88,7 @@ from engine.runtime.kda_kernels import KDA_KERNELS
 )
 @cuda_graphs_option
 @step_option
-@click.option(
-    "--kda-kernel",
-    type=click.Choice(KDA_KERNELS),
-    default="auto",
-    show_default=True,
-    help="KDA prefill kernel: torch (the engine's chunked form), cpp (that form with its intra-block scores "
-    "from our C++ kernel; CPU) or fla (GPU); auto takes fla on a GPU when installed, cpp on the CPU.",
-)
+@kda_kernel_option
 @text_option("--host", default="127.0.0.1", help="Bind address (keep loopback).")
 @click.option(
     "--port",
