@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from k3.tokens import rough_tokens
 from runners.serve.client import StreamedTurn
 
 ITL_METHOD = (
@@ -38,9 +39,9 @@ class TokenCounter:
     count: Callable[[str], int]
 
 
-# Without a tokenizer: about four UTF-8 bytes a token, as for English BPE text.
-ESTIMATE = TokenCounter("estimate: UTF-8 bytes / 4, at least 1 per chunk",
-                        lambda text: max(1, round(len(text.encode()) / 4)))  # fmt: skip
+# Without a tokenizer: k3's plain rule, characters / 4 (rounded down), at least 1 per chunk.
+ESTIMATE = TokenCounter("estimate: characters / 4 (k3.tokens.rough_tokens), at least 1 per chunk",
+                        lambda text: rough_tokens(len(text)))  # fmt: skip
 
 
 @dataclass(frozen=True)
