@@ -181,15 +181,20 @@ def micro_gate_command(floor_pct, noise_factor, alpha, runs, max_time, results, 
     from harness.microbench import SUITE
     from harness.report import load_frame, newest
 
-    hardware_id = describe()["hardware_id"]
-    frame = newest(load_frame(results))
+    machine = describe()
+    hardware_id, flags = machine["hardware_id"], machine["cpu"].get("vector_flags")
+    frame = load_frame(results)
     if not frame.empty:
-        frame = frame[
-            (frame.suite == SUITE) & (frame.hardware_id == hardware_id) & frame.name.str.startswith(GATED)
-        ]
+        # Only baselines of a CPU with the same vector extensions: one hardware id can name CPUs with and
+        # without AVX-512, and the cases' relative costs differ between them (measured: one k3 case 1.6x
+        # beyond the machine factor on a CPU without AVX-512, on the same code).
+        same_kind = frame.receipt.map(lambda r: r["hardware"]["cpu"].get("vector_flags") == flags)
+        frame = newest(frame[(frame.suite == SUITE) & (frame.hardware_id == hardware_id) & same_kind])
+        frame = frame[frame.name.str.startswith(GATED)]
     if frame.empty:
         click.echo(f"micro gate: skipped — no committed {SUITE} receipts of the {GATED} cases for {hardware_id} "
-                   f"in {results}; produce them on a quiet machine with `{BASELINE_COMMAND}` and commit them")  # fmt: skip
+                   f"with vector extensions {flags} in {results}; produce them on a quiet machine with "
+                   f"`{BASELINE_COMMAND}` and commit them")  # fmt: skip
         return
     baselines = {row.name: row.receipt for row in frame.itertuples()}
     verdicts = _measure_and_judge(baselines, runs, max_time, floor_pct, noise_factor, alpha)

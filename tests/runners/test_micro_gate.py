@@ -196,3 +196,17 @@ def test_runs_of_another_checkout_fail_the_gate_with_the_reason(tmp_path, monkey
     monkeypatch.setattr(micro, "run_benchmarks", fake_run)
     result = CliRunner().invoke(micro.micro_gate_command, ["--results", str(results)])
     assert result.exit_code == 1 and "another machine or commit" in result.output
+
+
+def test_baselines_of_a_cpu_with_other_vector_extensions_are_not_compared(tmp_path, monkeypatch):
+    """Same hardware id, no AVX-512 here and AVX-512 in the baseline: the gate skips rather than judge."""
+    results = tmp_path / "results"
+    baseline_cpu = {**HARDWARE["cpu"], "vector_flags": ["avx2", "fma", "avx512f"]}
+    write_receipt("micro", "k3.turn.chat.parse", config={}, samples={"call_us": [6.0] * 50}, units={"call_us": "µs"},
+                  results_dir=results, hardware={**HARDWARE, "cpu": baseline_cpu}, command=["test"])  # fmt: skip
+    here = {**HARDWARE, "cpu": {**HARDWARE["cpu"], "vector_flags": ["avx2", "fma"]}}
+    monkeypatch.setattr("harness.hardware.describe", lambda: dict(here))
+    monkeypatch.setattr(micro, "run_benchmarks", lambda *a: pytest.fail("measured against another CPU kind"))
+    result = CliRunner().invoke(micro.micro_gate_command, ["--results", str(results)])
+    assert result.exit_code == 0, result.output
+    assert "skipped" in result.output and "['avx2', 'fma']" in result.output
