@@ -56,11 +56,16 @@ def component_modules(model) -> dict[torch.nn.Module, str]:
     return parts
 
 
+def _synchronizer(model) -> Callable[[], None]:
+    """What waits for the device's queued work: CUDA's synchronize, or nothing on the CPU."""
+    return torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+
+
 @contextlib.contextmanager
 def component_timers(model) -> Iterator[dict[str, float]]:
     """Timing hooks on each component's entry points while inside (MLA decode enters through `decode`,
     not `forward`): yields the seconds spent per component, which the caller zeroes between passes."""
-    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    sync = _synchronizer(model)
     spent = dict.fromkeys(COMPONENTS, 0.0)
 
     def timed(method, component):
@@ -88,7 +93,7 @@ def component_timers(model) -> Iterator[dict[str, float]]:
 def _timed_passes(model, passes: int, run: Callable[[], None]) -> dict[str, list[float]]:
     """Milliseconds per component of `passes` calls of `run` after one untimed (first-call costs);
     `other` is each pass's time outside the components."""
-    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    sync = _synchronizer(model)
     samples: dict[str, list[float]] = {c: [] for c in COMPONENTS}
     with component_timers(model) as spent:
         for n in range(passes + 1):

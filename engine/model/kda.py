@@ -160,8 +160,9 @@ def _intra_chunk_scores(
     size = q.shape[-2]
     a = q.new_zeros(*q.shape[:-1], size)
     m = q.new_zeros(*q.shape[:-1], size)
-    in_blocks = block_scores is None or size % SUB_CHUNK != 0  # form the block scores here, below
-    if block_scores is not None and not in_blocks:
+    given = False  # the block scores come from `block_scores`; else the loop below forms them
+    if block_scores is not None and size % SUB_CHUNK == 0:
+        given = True
         flat = [x.reshape(-1, size, x.shape[-1]) for x in (q, k, gamma)]
         for scores, blocks in zip((a, m), block_scores(*flat), strict=True):
             _diagonal_blocks(scores).copy_(blocks.view(*q.shape[:-2], -1, SUB_CHUNK, SUB_CHUNK))
@@ -171,7 +172,7 @@ def _intra_chunk_scores(
         # [.., t, s, d_k]; entries above the diagonal (s > t) are dropped by tril below, so clamping their
         # exponents to 0 only keeps them finite. The floor keeps exp off its slow path for arguments far
         # below FP32's range (measured 6x slower); e^EXP_FLOOR is below any term that can show.
-        if in_blocks:
+        if not given:
             decay = (gb.unsqueeze(-2) - gb.unsqueeze(-3)).clamp(EXP_FLOOR, 0).exp()
             k_decayed = kb.unsqueeze(-3) * decay
             a[..., block, block] = (k_decayed * kb.unsqueeze(-2)).sum(-1).tril(-1)

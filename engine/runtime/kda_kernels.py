@@ -91,11 +91,12 @@ def select_kda_kernel(choice: str, device: torch.device) -> tuple[str, Callable]
     on_gpu = device.type == "cuda"
     if choice == "fla" and not (on_gpu and fla_available()):
         raise ValueError("the fla KDA kernel needs a CUDA device and the flash-linear-attention package")
-    if choice == "cpp" and (on_gpu or (reason := cpp_cpu.unavailable()) is not None):
-        raise ValueError(f"the cpp KDA kernel runs on the CPU only{'' if on_gpu else ': ' + str(reason)}")
+    cpp_missing = "it runs on the CPU only" if on_gpu else cpp_cpu.unavailable()
+    if choice == "cpp" and cpp_missing is not None:
+        raise ValueError(f"the cpp KDA kernel cannot run: {cpp_missing}")
     if choice == "fla" or (choice == "auto" and on_gpu and fla_available()):
         candidate, kernel, tolerance = "fla", fla_chunk_kda, 2e-3
-    elif choice == "cpp" or (choice == "auto" and not on_gpu and cpp_cpu.unavailable() is None):
+    elif choice in ("cpp", "auto") and cpp_missing is None:
         candidate, kernel, tolerance = "cpp", cpp_chunk_kda, CPP_TOLERANCE
     else:
         return "torch", kda_chunked
