@@ -5,12 +5,18 @@ This plain-PyTorch code is the reference every kernel is checked against.
 Conventions (see docs/INT4.md):
 - a weight is ``[..., N, K]`` (``N`` outputs, ``K`` inputs = the reduction axis);
 - groups run along ``K``: group ``j`` of row ``n`` covers inputs ``j*G .. j*G+G-1``;
-- ``scale = absmax(group) / QMAX`` rounded to the scale dtype (BF16 or FP16); codes are
+- (rounding ``"absmax"``, the default) ``scale = absmax(group) / QMAX`` rounded to the scale dtype (BF16 or FP16); codes are
   ``round(w / scale)`` computed against the *rounded* scale, so encoder and decoder share one grid;
   INT4 codes lie in ``[-7, 7]`` and INT8 codes in ``[-127, 127]`` (the decoders accept -8 / -128 too);
 - INT4 packs two codes per byte: input ``2j`` in the **low** nibble, ``2j+1`` in the **high** nibble,
   each a two's-complement 4-bit value;
 - dequantised value = ``code * scale`` in FP32, which is exact (a BF16/FP16 scale times a small integer).
+
+Rounding ``"signed"`` keeps that layout and uses all sixteen INT4 levels, as llama.cpp's ``Q4_0`` does: the
+group's extreme value (largest magnitude, with its sign) sets ``scale = extreme / -(QMAX + 1)``, so it encodes
+as ``-(QMAX + 1)`` exactly and the scale may be negative; codes lie in ``[-QMAX - 1, QMAX]``, and a value of
+the other sign as large as the extreme clamps to ``QMAX`` (at most one step off). The step is ``1/(QMAX+1)``
+of the extreme instead of ``1/QMAX``.
 
 Rounding ``"mse"`` keeps that layout but chooses each group's scale by a small search (as llama.cpp's
 ``make_qx_quants`` does): candidate scales around ``absmax / QMAX``, each refined to the least-squares scale
@@ -28,7 +34,7 @@ INT4_MAX = 7
 INT8_MAX = 127
 FORMATS = ("int4", "int8", "dense")
 SCALE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-ROUNDINGS = ("absmax", "mse")
+ROUNDINGS = ("absmax", "signed", "mse")
 # "mse" search: candidate scales absmax / (QMAX * ratio), from a scale that clips the largest values to one
 # that leaves the top code unused.
 _MSE_RATIOS = tuple(0.85 + 0.015 * i for i in range(26))
@@ -128,10 +134,14 @@ def _scales_and_codes(
     if rounding not in ROUNDINGS:
         raise CodecError(f"unknown rounding {rounding!r}; expected one of {ROUNDINGS}")
     grouped, absmax = _groups_and_absmax(weight, group_size)
-    scales = _stored_scales(absmax / qmax, scale_dtype)
+    if rounding == "signed":
+        extreme = grouped.gather(-1, grouped.abs().argmax(-1, keepdim=True)).squeeze(-1)
+        scales = _stored_scales(extreme / -(qmax + 1), scale_dtype)
+    else:
+        scales = _stored_scales(absmax / qmax, scale_dtype)
     if not torch.isfinite(scales).all():
         raise CodecError(f"a group scale overflows {scale_dtype}; use BF16 scales")
-    codes = _codes(grouped, scales, -qmax, qmax)
+    codes = _codes(grouped, scales, -qmax - (rounding == "signed"), qmax)
     if rounding == "mse":
         codes, scales = _search_scales(grouped, absmax, codes, scales, qmax, scale_dtype)
     return codes.reshape(weight.shape).to(torch.int8), scales
@@ -183,7 +193,8 @@ def quantize(
     rounding: str = "absmax",
 ) -> LinearWeight:
     """Encode a float weight ``[..., N, K]`` as ``int4`` or ``int8`` with per-group scales, chosen by
-    ``rounding`` (``"absmax"``: absmax / QMAX; ``"mse"``: the squared-error search)."""
+    ``rounding`` (``"absmax"``: absmax / QMAX; ``"signed"``: the signed extreme / -(QMAX + 1), sixteen INT4
+    levels; ``"mse"``: the squared-error search)."""
     if fmt == "int4":
         codes, scales = _scales_and_codes(weight, group_size, INT4_MAX, scale_dtype, rounding)
         return LinearWeight("int4", pack_int4(codes), scales, group_size)
@@ -213,16 +224,21 @@ def dequantize(weight: LinearWeight, dtype: torch.dtype = torch.float32) -> torc
     return values.reshape(codes.shape).to(dtype)
 
 
-def roundtrip_error_bound(weight: LinearWeight) -> torch.Tensor:
-    """Per-element bound on ``|dequantize(quantize(w)) - w|`` in FP32, shaped like the weight.
+def roundtrip_error_bound(weight: LinearWeight, rounding: str = "absmax") -> torch.Tensor:
+    """Per-element bound on ``|dequantize(quantize(w, rounding=rounding)) - w|`` in FP32, shaped like the
+    weight, for the ``absmax`` and ``signed`` roundings.
 
-    Codes are nearest-integer against the stored scale, and ``absmax / scale <= QMAX / (1 - u)`` with
-    ``u`` the scale dtype's unit roundoff, which stays below ``QMAX + 0.5``: no element is ever clamped
-    by more than half a step. The small factor covers FP32 division rounding.
+    Codes are nearest-integer against the stored scale. Under ``absmax``, ``absmax / scale <= QMAX / (1 - u)``
+    with ``u`` the scale dtype's unit roundoff, which stays below ``QMAX + 0.5``: no element is ever clamped
+    by more than half a step. Under ``signed`` a value of the other sign as large as the extreme lies
+    ``QMAX + 1`` steps out and clamps to ``QMAX``: a whole step. The small factor covers FP32 division rounding.
     """
+    if rounding not in ("absmax", "signed"):
+        raise CodecError(f"no element-wise bound for rounding {rounding!r}")
     group, scales = group_scales(weight)
-    half_step = 0.5 * scales.float() * (1 + 2**-16)
-    return half_step.repeat_interleave(group, dim=-1)
+    steps = 0.5 if rounding == "absmax" else 1.0
+    bound = steps * scales.float().abs() * (1 + 2**-16)
+    return bound.repeat_interleave(group, dim=-1)
 
 
 def group_squared_error(weight: LinearWeight, original: torch.Tensor) -> torch.Tensor:

@@ -354,7 +354,9 @@ def draw_kernel_bandwidth(data: dict) -> plt.Figure:
 
 
 def _plan_label(plan: dict) -> str:
-    return f"{plan['name']} g{plan['group_size']}"
+    """``label gG``: the plan's name, with its rounding when that is not the named plan's own (the accuracy
+    runner records it as ``label``; receipts before that used each plan's own)."""
+    return f"{plan.get('label', plan['name'])} g{plan['group_size']}"
 
 
 def _plan_order(plan: dict) -> tuple[str, int]:

@@ -19,6 +19,7 @@ import torch
 
 from common.click_options import count_option, text_option
 from engine.cli_options import device_option, dtype_option, resolve_device, resolve_dtype, synthetic_option
+from engine.codec import ROUNDINGS
 from engine.model import Checkpoint, KimiLinearForCausalLM, Tokenizer, load_model, preset, sample
 from engine.model.checkpoint_spec import checkpoint_tensors
 from engine.quant import PLANS, make_plan
@@ -155,7 +156,7 @@ def bits_per_weight(config, plan) -> float:
     return 8 * sum(stored_bytes_by_class(config, plan).values()) / params
 
 
-def _plans(names: str, groups: list[int]) -> list:
+def _plans(names: str, groups: list[int], rounding: str | None) -> list:
     chosen = [n.strip() for n in names.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in PLANS]
     if unknown or not chosen:
@@ -163,9 +164,15 @@ def _plans(names: str, groups: list[int]) -> list:
             f"unknown plan(s) {unknown}; available: {', '.join(PLANS)}", param_hint="--plans"
         )
     try:
-        return [make_plan(n, group_size=g) for n in chosen for g in groups]
+        return [make_plan(n, group_size=g, rounding=rounding) for n in chosen for g in groups]
     except PlanError as e:
         raise click.BadParameter(str(e), param_hint="--groups") from None
+
+
+def plan_label(plan) -> str:
+    """The plan's name, with its rounding when that is not the named plan's own."""
+    own = PLANS[plan.name].rounding
+    return plan.name if plan.rounding == own else f"{plan.name}.{plan.rounding}"
 
 
 def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype, seed: int):
@@ -198,6 +205,13 @@ def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype
     "--plans", default=",".join(PLANS), show_default=True, help="Quantisation plans, comma-separated."
 )
 @text_option("--groups", default="32,64,128", help="Group sizes, comma-separated.")
+@click.option(
+    "--rounding",
+    type=click.Choice(ROUNDINGS),
+    default=None,
+    help="How group scales are chosen, for every plan (engine/codec.py). Default: each plan's own; another "
+    "rounding is named in the receipt (model.plan.rounding.gG).",
+)
 @count_option("--sequences", default=8, help="Evaluation sequences.")
 @count_option("--seq-len", default=128, minimum=2, help="Tokens per sequence.")
 @click.option(
@@ -229,11 +243,11 @@ def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype
 )
 @results_option
 @click.option("--no-regenerate", is_flag=True, help="Write receipts only; skip RESULTS.md and figures.")
-def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text, prompts, prompt_len,
+def accuracy_command(synthetic, weights, plans, groups, rounding, sequences, seq_len, text, prompts, prompt_len,
                      greedy_tokens_n, device, dtype, threads, seed, results, no_regenerate) -> None:  # fmt: skip
     """Quantised against unquantised model: KL, top-1, perplexity, greedy identity, router agreement."""
     device = resolve_device(device)
-    candidates = _plans(plans, positive_ints(groups))
+    candidates = _plans(plans, positive_ints(groups), rounding)
     if prompts > sequences or prompt_len >= seq_len:
         raise click.BadParameter(
             f"greedy prompts are prefixes of the evaluation sequences: need --prompts <= --sequences "
@@ -271,7 +285,7 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
     written = []
     steps = [None, *candidates]
     with click.progressbar(
-        steps, label="accuracy", item_show_func=lambda p: p and f"{p.name} g{p.group_size}"
+        steps, label="accuracy", item_show_func=lambda p: p and f"{plan_label(p)} g{p.group_size}"
     ) as bar:
         for plan in bar:
             counts = applier.apply(plan)
@@ -293,7 +307,7 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
             written.append(
                 write_receipt(
                     "accuracy",
-                    f"{label}.{plan.name}.g{plan.group_size}",
+                    f"{label}.{plan_label(plan)}.g{plan.group_size}",
                     config={
                         "model": label,
                         "weights": WEIGHTS_LABELS[kind],
@@ -301,7 +315,7 @@ def accuracy_command(synthetic, weights, plans, groups, sequences, seq_len, text
                         "weight_source": source.describe,
                         "dtype": dtype,
                         "device": device,
-                        "plan": plan.to_json(),
+                        "plan": plan.to_json() | {"label": plan_label(plan)},
                         "tensors_per_precision": counts,
                         "eval_set": eval_set,
                         "sequences": sequences,

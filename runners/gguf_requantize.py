@@ -6,9 +6,9 @@ run quantised: attention projections (KDA q/k/v/o, MLA q/o), the dense MLP, the 
 shared expert. Everything else keeps its type from the F16 file: F16 embedding, LM head, MLA latent
 projection and KDA controls; F32 norms, router, decay parameters, convolutions and the split `kv_b_proj`
 (`attn_k_b`/`attn_v_b`, F32 because llama.cpp's CPU backend cannot run them in F16; the plan has INT4).
-Differences from the project's codec (docs/METHODS.md): scale = the block's signed extreme / −8 in FP16
-(codes −8…7) instead of absmax / 7 in BF16 (codes −7…7); group size fixed at 32; and llama.cpp's CPU
-matmuls quantise activations to 8 bits, where the engine keeps them in 16 bits.
+Differences from the project's codec (docs/METHODS.md): the scale (the block's signed extreme / −8, codes
+−8…7, as the plans' `signed` rounding) is stored in FP16, not BF16; group size fixed at 32; and llama.cpp's
+CPU matmuls quantise activations to 8 bits, where the engine keeps them in 16 bits.
 """
 
 from __future__ import annotations

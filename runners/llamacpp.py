@@ -260,8 +260,9 @@ def _llama_notes(gguf_type: str, kind: str, dtype: str) -> str:
     )
     if gguf_type == "q4_0":
         notes += (
-            "; Q4_0 differs from our INT4 codec: FP16 scale = extreme/-8 with codes -8..7 (ours: BF16 "
-            f"absmax/7, -7..7), group 32 for both, 8-bit activations in llama.cpp's CPU matmuls (ours {dtype}); "
+            "; Q4_0 differs from our INT4 codec: scale = extreme/-8 with codes -8..7 for both (our plans' "
+            f"'signed' rounding), in FP16 (ours BF16), group 32 for both, 8-bit activations in llama.cpp's CPU "
+            f"matmuls (ours {dtype}); "
             "Q4_0 covers attention projections, dense MLP and experts, our plan also the MLA kv_b projection"
         )
     return notes

@@ -5,8 +5,8 @@ Shapes are plain JSON-able dicts: gemv ops ``{B, N, K, group}`` (plus ``out``: "
 ``per_slot`` for a ``[B, S, K]`` input), ``route_combine`` ``{B, S, N}``; the fused decode ops ``rms_norm``
 ``{B, H, residual}``, ``kda_decode_step`` ``{B, H, d, taps, low_rank}``, ``route_topk`` ``{B, E, k, renormalize,
 scaling, shared}`` (``act``: "bf16" or "fp32" activations). Codes cover the whole signed
-range (the INT4 decoder must handle -8 as well as the encoder's -7..7), scales are near ``1/sqrt(K)`` so
-outputs are O(1), and route tables hold distinct experts. Inputs are drawn on the target
+range (the INT4 decoder must handle -8 as well as the encoder's -7..7), scales are near ``1/sqrt(K)`` in
+magnitude, of either sign (the ``signed`` rounding stores negative ones), so outputs are O(1), and route tables hold distinct experts. Inputs are drawn on the target
 device with a generator there (``torch.Generator(device)``), so full-size cases are cheap on a GPU.
 """
 
@@ -35,10 +35,16 @@ def _x(shape: tuple[int, ...], gen: torch.Generator | None, device) -> torch.Ten
     return torch.randn(shape, generator=gen, device=device).to(ACTIVATION)
 
 
+def _scales(shape: tuple[int, ...], magnitude: float, gen, device) -> torch.Tensor:
+    """Scales of 0.5-1.5 x ``magnitude``, each of a random sign."""
+    size = (torch.rand(shape, generator=gen, device=device) + 0.5) * magnitude
+    negative = torch.rand(shape, generator=gen, device=device) < 0.5
+    return torch.where(negative, -size, size).to(SCALE)
+
+
 def _int4_bank(lead: tuple[int, ...], n: int, k: int, group: int, gen, device):
     codes = torch.randint(0, 256, (*lead, n, k // 2), generator=gen, dtype=torch.uint8, device=device)
-    scales = (torch.rand((*lead, n, k // group), generator=gen, device=device) + 0.5) / k**0.5
-    return codes, scales.to(SCALE)
+    return codes, _scales((*lead, n, k // group), 1 / k**0.5, gen, device)
 
 
 def _routes(batch: int, slots: int, experts: int, gen, device) -> torch.Tensor:
@@ -68,10 +74,8 @@ def _gemv_case(fmt: str) -> Callable[[dict, torch.Generator | None, torch.device
             args = (x, codes, scales, shape["group"])
         elif fmt == "int8":
             codes = torch.randint(-128, 128, (n, k), generator=gen, dtype=torch.int8, device=device)
-            scales = (torch.rand((n, k // shape["group"]), generator=gen, device=device) + 0.5) / (
-                64 * k**0.5
-            )
-            args = (x, codes, scales.to(SCALE), shape["group"])
+            scales = _scales((n, k // shape["group"]), 1 / (64 * k**0.5), gen, device)
+            args = (x, codes, scales, shape["group"])
         else:
             weight = OUT_DTYPES[shape.get("weight", "bf16")]  # FP32: the router's logits weight
             args = (x, (torch.randn((n, k), generator=gen, device=device) / k**0.5).to(weight))

@@ -210,25 +210,27 @@ def _check_layout(source: SourceCheckpoint) -> bool:
 
 
 def _codec_json(plan: Plan) -> dict:
-    mse = plan.rounding == "mse"  # codes may use the decoders' full range
+    full_range = plan.rounding != "absmax"  # codes may use the decoders' full range
+    scale_rules = {
+        "absmax": "scale = absmax(group) / qmax rounded to scale_dtype; 1.0 for an all-zero group",
+        "signed": "scale = the group's extreme value (sign kept) / -(qmax + 1) rounded to scale_dtype, so it "
+        "may be negative (as llama.cpp's Q4_0); 1.0 for an all-zero group",
+        "mse": "per group, the smallest squared error of absmax / qmax and least-squares scales searched "
+        "around it (engine/codec.py), rounded to scale_dtype",
+    }
     return {
         "name": "symmetric-grouped",
         "group_axis": "input (last) axis",
         "group_size": plan.group_size,
         "scale_dtype": plan.scale_dtype,
         "rounding": plan.rounding,
-        "scale_rule": (
-            "per group, the smallest squared error of absmax / qmax and least-squares scales searched around "
-            "it (engine/codec.py), rounded to scale_dtype"
-            if mse
-            else "scale = absmax(group) / qmax rounded to scale_dtype; 1.0 for an all-zero group"
-        ),
+        "scale_rule": scale_rules[plan.rounding],
         "int4": {
-            "code_range": [-INT4_MAX - mse, INT4_MAX],
+            "code_range": [-INT4_MAX - full_range, INT4_MAX],
             "packing": NIBBLE_ORDER,
             "nibbles": "two's complement",
         },
-        "int8": {"code_range": [-INT8_MAX - mse, INT8_MAX]},
+        "int8": {"code_range": [-INT8_MAX - full_range, INT8_MAX]},
         "dequantize": "code * scale in FP32",
     }
 

@@ -39,8 +39,9 @@ Plans: {_plan_help()}.""",
 @click.option("--lm-head", type=click.Choice(HEAD_PRECISIONS), help="Override the plan's LM head precision.")
 @click.option("--scale-dtype", type=click.Choice(sorted(SCALE_DTYPES)), help="Override the scale dtype.")
 @click.option("--rounding", type=click.Choice(ROUNDINGS),
-              help="Override how group scales are chosen: absmax / qmax, or a search minimising each group's "
-              "squared error (mse; same layout and size).")  # fmt: skip
+              help="Override how group scales are chosen (same layout and size): the signed extreme / -(qmax+1), "
+              "as llama.cpp's Q4_0 (signed, the plans' default); absmax / qmax; or a search minimising each "
+              "group's squared error (mse).")  # fmt: skip
 @count_option("--shard-mib", default=2048, help="Output shard size.")
 @text_option("--device", default="auto", help="Where to quantise: cpu, cuda, or auto.")
 @click.option("--force", is_flag=True, help="Replace DST if it is an existing artifact.")

@@ -106,7 +106,9 @@ class Plan:
     precisions: dict[str, str] = field(default_factory=lambda: dict(_BASE))
     group_size: int = 32
     scale_dtype: str = "bf16"
-    rounding: str = "absmax"  # how group scales are chosen (engine/codec.py); the stored layout is the same
+    # How group scales are chosen (engine/codec.py); the stored layout is the same. "signed" (the extreme
+    # / -8, as llama.cpp's Q4_0) uses all sixteen INT4 levels, a finer step than absmax / 7 at the same bits.
+    rounding: str = "signed"
 
     def __post_init__(self) -> None:
         if set(self.precisions) != set(_BASE):

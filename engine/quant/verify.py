@@ -164,18 +164,23 @@ def _roundtrip(stored, original: torch.Tensor, precision: str, rounding: str) ->
         bound = group_squared_error(absmax, original) * _MSE_SLACK + torch.finfo(torch.float32).tiny
         return float((group_squared_error(stored, original) / bound).max())
     error = (dequantize(stored) - original.float()).abs()
-    return float((error / roundtrip_error_bound(stored)).max())
+    return float((error / roundtrip_error_bound(stored, rounding)).max())
 
 
 def _self_consistent(stored, precision: str, rounding: str) -> str | None:
-    """Checks possible without the source: finite positive scales, codes in the encoder's range."""
+    """Checks possible without the source: finite scales (positive unless ``signed``), codes in the encoder's
+    range."""
     if isinstance(stored, torch.Tensor):
         finite = not stored.is_floating_point() or bool(torch.isfinite(stored).all())
         return None if finite else "non-finite values"
-    if not (torch.isfinite(stored.scales.float()).all() and (stored.scales > 0).all()):
-        return "scales are not all finite and positive"
+    signed = rounding == "signed"
+    if not torch.isfinite(stored.scales.float()).all():
+        return "scales are not all finite"
+    allowed = stored.scales != 0 if signed else stored.scales > 0
+    if not allowed.all():
+        return "scales are not all nonzero" if signed else "scales are not all positive"
     qmax = 7 if precision == "int4" else 127
-    low = -qmax - (rounding == "mse")
+    low = -qmax - (rounding != "absmax")
     codes = integer_codes(stored)
     if codes.max() > qmax or codes.min() < low:
         return f"codes outside [{low}, {qmax}]"

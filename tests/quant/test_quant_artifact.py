@@ -53,7 +53,8 @@ def test_artifact_holds_stacked_banks_and_exact_codes(artifact, tiny_checkpoint)
         assert bank.weight.format == "int4" and bank.weight.data.shape == (7, 64, 64)
         assert bank.weight.scales.shape == (7, 64, 4)
         for slot, name in [(4, "experts.4.w1"), (6, "shared_experts.gate_proj")]:
-            expected = quantize(source.tensor(f"model.layers.2.block_sparse_moe.{name}.weight"), "int4", 32)
+            weight = source.tensor(f"model.layers.2.block_sparse_moe.{name}.weight")
+            expected = quantize(weight, "int4", 32, rounding="signed")  # the plans' default
             assert torch.equal(bank.weight.data[slot], expected.data)
             assert torch.equal(bank.weight.scales[slot], expected.scales)
         down = art.expert_bank(1, "w2")
@@ -189,6 +190,25 @@ def test_group_64_and_int8_head(tiny_checkpoint, tmp_path):
     assert 0 < error < 0.01
     assert art.expert_bank(1, "w1").weight.group_size == 64
     assert verify_artifact(tmp_path / "a", sample=None).ok
+
+
+@pytest.mark.parametrize("rounding,code_range", [("signed", [-8, 7]), ("absmax", [-7, 7])])
+def test_each_rounding_is_recorded_and_verifies_and_a_swap_fails(
+    tiny_checkpoint, tmp_path, rounding, code_range
+):
+    """The plans' default (signed, negative scales allowed) and absmax: the manifest names the rounding and
+    its code range, verify bounds every element by that rounding's step, and swapped slots fail it."""
+    build_artifact(
+        tiny_checkpoint, tmp_path / "a", make_plan("default", rounding=rounding), max_shard_bytes=SHARD_BYTES
+    )
+    manifest = read_manifest(tmp_path / "a")
+    assert manifest["plan"]["rounding"] == rounding and manifest["codec"]["int4"]["code_range"] == code_range
+    bank = Artifact.open(tmp_path / "a").expert_bank(1, "w1").weight
+    assert bool((bank.scales < 0).any()) == (rounding == "signed")
+    report = verify_artifact(tmp_path / "a", sample=None)
+    assert report.ok and 0.5 < max(r.worst_ratio for r in report.roundtrips) <= 1, report.summary()
+    _swap_bank_slots_keeping_hashes(tmp_path / "a")
+    assert not verify_artifact(tmp_path / "a", sample=None).ok
 
 
 def test_mse_rounding_artifact_verifies_and_a_swap_fails_its_bound(tiny_checkpoint, tmp_path):

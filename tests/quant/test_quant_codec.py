@@ -54,13 +54,41 @@ def test_roundtrip_within_half_a_step(fmt, qmax, group, scale_dtype):
     groups=st.integers(1, 4),
     magnitude=st.sampled_from([1e-30, 1e-6, 1.0, 1e4]),
     seed=st.integers(0, 2**16),
+    rounding=st.sampled_from(["absmax", "signed"]),
 )
-def test_roundtrip_bound_holds_across_magnitudes(rows, groups, magnitude, seed):
+def test_roundtrip_bound_holds_across_magnitudes(rows, groups, magnitude, seed, rounding):
     w = (torch.randn(rows, groups * 32, generator=torch.Generator().manual_seed(seed)) * magnitude).to(
         torch.bfloat16
     )
-    q = quantize(w, "int4", 32)
-    assert ((dequantize(q) - w.float()).abs() <= roundtrip_error_bound(q)).all()
+    q = quantize(w, "int4", 32, rounding=rounding)
+    assert ((dequantize(q) - w.float()).abs() <= roundtrip_error_bound(q, rounding)).all()
+
+
+@pytest.mark.parametrize("fmt,qmax", [("int4", 7), ("int8", 127)])
+@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
+def test_signed_rounding_gives_the_extreme_the_extra_level(fmt, qmax, group, scale_dtype):
+    """Each group's extreme encodes as -(QMAX + 1) exactly, its scale taking the extreme's sign; every element
+    is within one step (a value of the other sign clamps at QMAX), and the squared error is below absmax's."""
+    w = _weight(seed=group + qmax)
+    q = quantize(w, fmt, group, scale_dtype, rounding="signed")
+    codes = integer_codes(q).view(24, -1, group)
+    assert codes.min() >= -qmax - 1 and codes.max() <= qmax
+    extreme_at = w.float().view(24, -1, group).abs().argmax(-1, keepdim=True)
+    assert (codes.gather(-1, extreme_at) == -qmax - 1).all()
+    extreme = w.float().view(24, -1, group).gather(-1, extreme_at).squeeze(-1)
+    assert torch.equal(q.scales < 0, extreme > 0)  # both signs occur in a random weight
+    ratio = (dequantize(q) - w.float()).abs() / roundtrip_error_bound(q, "signed")
+    assert ratio.max() <= 1.0
+    if fmt == "int4":  # and is needed: some other-sign value lies beyond QMAX + 0.5 steps and clamps
+        assert ratio.max() > 0.5
+    absmax = quantize(w, fmt, group, scale_dtype)
+    assert group_squared_error(q, w).sum() < group_squared_error(absmax, w).sum()
+
+
+def test_the_bound_refuses_a_rounding_it_does_not_cover():
+    with pytest.raises(CodecError, match="mse"):
+        roundtrip_error_bound(quantize(_weight(), "int4", 32), "mse")
 
 
 def test_dequantize_is_exact_in_fp32():

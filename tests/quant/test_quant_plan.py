@@ -103,7 +103,7 @@ def test_bytes_per_token_follow_plan_and_context():
 
 def test_rounding_is_a_plan_option_recorded_in_its_json():
     plan = make_plan("int4-embed", rounding="mse")
-    assert plan.rounding == "mse" and make_plan("default").rounding == "absmax"
+    assert plan.rounding == "mse" and make_plan("default").rounding == "signed"
     assert PLANS["int4-embed-mse"].precisions == PLANS["int4-embed"].precisions
     assert type(plan).from_json(plan.to_json()) == plan
     legacy = {k: v for k, v in plan.to_json().items() if k != "rounding"}  # artifacts before the option

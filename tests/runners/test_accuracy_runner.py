@@ -38,7 +38,7 @@ def test_a_plan_stores_dequantised_values_and_the_baseline_comes_back_exactly():
     counts = applier.apply(plan)
     assert counts["int4"] > 0 and counts["keep"] > 0
     spec = next(s for s in checkpoint_tensors(model.config) if s.name == EXPERT)
-    expected = dequantize(quantize(source.read(spec), "int4", 32))
+    expected = dequantize(quantize(source.read(spec), "int4", 32, rounding=plan.rounding))
     assert torch.equal(parameter_for(model, EXPERT), expected)
     assert not torch.equal(parameter_for(model, EXPERT), source.read(spec).float())
     assert torch.equal(model.state_dict()["model.layers.1.input_layernorm.weight"], baseline[NORM])
@@ -122,6 +122,29 @@ def test_accuracy_runner_writes_one_receipt_per_plan_and_group(tmp_path):
     assert [p["kl_mean_nats"] for p in points] == [
         by_name[f"synthetic-tiny.{p['plan'].replace(' ', '.')}"]["kl_mean_nats"] for p in points
     ]
+
+
+def test_another_rounding_is_named_in_the_receipt_and_the_plans_own_is_not(tmp_path):
+    args = ["accuracy", "--synthetic", "tiny", "--plans", "default,int4-embed-mse", "--groups", "32",
+            "--sequences", "2", "--seq-len", "12", "--prompts", "1", "--prompt-len", "4", "--greedy-tokens", "2",
+            "--results", str(tmp_path), "--no-regenerate"]  # fmt: skip
+    for rounding in ("absmax", "signed"):
+        result = CliRunner().invoke(main, [*args, "--rounding", rounding])
+        assert result.exit_code == 0, result.output
+    receipts = {
+        r["name"]: r["config"]["plan"]["rounding"] for r in map(load_receipt, receipt_paths(tmp_path))
+    }
+    assert receipts == {
+        "synthetic-tiny.default.absmax.g32": "absmax", "synthetic-tiny.default.g32": "signed",
+        "synthetic-tiny.int4-embed-mse.absmax.g32": "absmax", "synthetic-tiny.int4-embed-mse.signed.g32": "signed",
+    }  # fmt: skip
+    labels = {p["plan"] for p in figures.build_all(tmp_path)["quantisation_quality"]["points"]}
+    assert labels == {
+        "default.absmax g32",
+        "default g32",
+        "int4-embed-mse.absmax g32",
+        "int4-embed-mse.signed g32",
+    }
 
 
 def test_a_group_size_the_model_cannot_use_is_refused(tmp_path):
