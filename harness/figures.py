@@ -592,6 +592,11 @@ def draw_turn_steps(data: dict) -> plt.Figure:
     return fig
 
 
+def _quality_panel(config: dict, hardware_id: str) -> str:
+    """One panel per model, machine and evaluation set: perplexities on other tokens do not compare."""
+    return f"{config['model']} · {hardware_id} · {config['sequences']} x {config['seq_len']} tokens"
+
+
 def perplexity_vs_bits(frame: pd.DataFrame) -> dict | None:
     """Held-out perplexity against stored bits per weight on trained (or real) weights: our INT4 plans
     (accuracy receipts) and llama.cpp's quants (llamacpp_quality receipts) of the same checkpoint, on the
@@ -602,7 +607,7 @@ def perplexity_vs_bits(frame: pd.DataFrame) -> dict | None:
         receipt = row.receipt
         if weights_kind(receipt["config"]) == "random" or "bits_per_weight" not in receipt["derived"]:
             continue
-        model = f"{receipt['config']['model']} · {row.hardware_id}"
+        model = _quality_panel(receipt["config"], row.hardware_id)
         references[model] = receipt["derived"]["perplexity_reference"]
         series.setdefault((model, "ours"), []).append(
             {"label": _plan_label(receipt["config"]["plan"]), "bits_per_weight": receipt["derived"]["bits_per_weight"],
@@ -611,7 +616,7 @@ def perplexity_vs_bits(frame: pd.DataFrame) -> dict | None:
         receipt = row.receipt
         if weights_kind(receipt["config"]) == "random":
             continue
-        model = f"{receipt['config']['model']} · {row.hardware_id}"
+        model = _quality_panel(receipt["config"], row.hardware_id)
         series.setdefault((model, "llama.cpp"), []).append(
             {"label": receipt["config"]["gguf_type"].upper(), "bits_per_weight": receipt["derived"]["bits_per_weight"],
              "perplexity": receipt["derived"]["perplexity"], "receipt": row.path})  # fmt: skip

@@ -212,7 +212,7 @@ def _model(weights: Path | None, synthetic: str, device: str, dtype: torch.dtype
     help="How group scales are chosen, for every plan (engine/codec.py). Default: each plan's own; another "
     "rounding is named in the receipt (model.plan.rounding.gG).",
 )
-@count_option("--sequences", default=8, help="Evaluation sequences.")
+@count_option("--sequences", default=64, help="Evaluation sequences.")
 @count_option("--seq-len", default=128, minimum=2, help="Tokens per sequence.")
 @click.option(
     "--text",

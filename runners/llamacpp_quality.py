@@ -79,7 +79,7 @@ def sequence_nll(llama_cpp, path: Path, windows: torch.Tensor, threads: int) -> 
 @click.option("--types", default=",".join(GGUF_TYPES), show_default=True, help="GGUF types, comma-separated.")
 @click.option("--text", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Evaluation text. Default: the checkpoint's heldout.txt.")  # fmt: skip
-@count_option("--sequences", default=8, help="Evaluation windows.")
+@count_option("--sequences", default=64, help="Evaluation windows.")
 @count_option("--seq-len", default=128, minimum=2, help="Tokens per window.")
 @count_option("--threads", default=2, help="llama.cpp threads.")
 @results_option

@@ -60,6 +60,7 @@ def test_the_figure_plots_trained_weights_only_and_both_toolchains(results):
     data = figures.build_all(results)["perplexity_vs_bits"]
     assert sorted(s["source"] for s in data["series"]) == ["llama.cpp", "ours"]
     assert all("synthetic" not in s["model"] for s in data["series"])
+    assert all(s["model"].endswith("· 2 x 16 tokens") for s in data["series"])  # a panel per evaluation set
     assert len(data["references"]) == 1
     figure = figures.draw_perplexity_vs_bits(data)  # one panel per model
     assert len(figure.axes) == len({s["model"] for s in data["series"]}) == 1
