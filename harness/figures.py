@@ -24,9 +24,10 @@ from matplotlib.patches import Patch
 
 from harness.figure_style import NEUTRAL, STYLE, check_renderer, save, series_style, text
 from harness.hardware import REPO_ROOT
+from harness.quality import LLAMA_CPP, OURS, quality_panels
 from harness.receipt import short_id
 from harness.report import load_frame, newest
-from harness.summary import config_label, natural_key, weights_kind, weights_label
+from harness.summary import config_label, natural_key, plan_label, weights_label
 
 FIGURES_DIR = REPO_ROOT / "docs" / "figures"
 
@@ -353,12 +354,6 @@ def draw_kernel_bandwidth(data: dict) -> plt.Figure:
     return fig
 
 
-def _plan_label(plan: dict) -> str:
-    """``label gG``: the plan's name, with its rounding when that is not the named plan's own (the accuracy
-    runner records it as ``label``; receipts before that used each plan's own)."""
-    return f"{plan.get('label', plan['name'])} g{plan['group_size']}"
-
-
 def _plan_order(plan: dict) -> tuple[str, int]:
     return plan["name"], plan["group_size"]
 
@@ -376,7 +371,7 @@ def plan_weight_bytes(frame: pd.DataFrame) -> dict | None:
         }
         if parts:
             plan = row.receipt["config"]["plan"]
-            plans.setdefault(_plan_order(plan), {"plan": _plan_label(plan), "gb": {k: v / 1e9 for k, v in sorted(parts.items())},
+            plans.setdefault(_plan_order(plan), {"plan": plan_label(plan), "gb": {k: v / 1e9 for k, v in sorted(parts.items())},
                                                  "hardware_id": row.hardware_id, "receipt": row.path})  # fmt: skip
     if not plans:
         return None
@@ -425,7 +420,7 @@ def quantisation_quality(frame: pd.DataFrame) -> dict | None:
     for row in _newest_suite(frame, "accuracy").itertuples():
         receipt = row.receipt
         derived, cfg = receipt["derived"], receipt["config"]
-        points.append({"plan": _plan_label(cfg["plan"]), "order": _plan_order(cfg["plan"]),
+        points.append({"plan": plan_label(cfg["plan"]), "order": _plan_order(cfg["plan"]),
                        "model": f"{cfg['model']}, {weights_label(cfg)}",
                        "kl_mean_nats": derived["kl_mean_nats"], "kl_max_nats": derived["kl_max_nats"],
                        "top1_agreement": derived["top1_agreement"], "hardware_id": row.hardware_id,
@@ -592,64 +587,53 @@ def draw_turn_steps(data: dict) -> plt.Figure:
     return fig
 
 
-def _quality_panel(config: dict, hardware_id: str) -> str:
-    """One panel per model, machine and evaluation set: perplexities on other tokens do not compare."""
-    return f"{config['model']} · {hardware_id} · {config['sequences']} x {config['seq_len']} tokens"
-
-
 def perplexity_vs_bits(frame: pd.DataFrame) -> dict | None:
-    """Held-out perplexity against stored bits per weight on trained (or real) weights: our INT4 plans
-    (accuracy receipts) and llama.cpp's quants (llamacpp_quality receipts) of the same checkpoint, on the
-    same tokens. Random-weight receipts are left out (a stress test, not a model)."""
-    series: dict[tuple[str, str], list[dict]] = {}
-    references: dict[str, float] = {}
-    for row in _newest_suite(frame, "accuracy").itertuples():
-        receipt = row.receipt
-        if weights_kind(receipt["config"]) == "random" or "bits_per_weight" not in receipt["derived"]:
-            continue
-        model = _quality_panel(receipt["config"], row.hardware_id)
-        references[model] = receipt["derived"]["perplexity_reference"]
-        series.setdefault((model, "ours"), []).append(
-            {"label": _plan_label(receipt["config"]["plan"]), "bits_per_weight": receipt["derived"]["bits_per_weight"],
-             "perplexity": receipt["derived"]["perplexity_candidate"], "receipt": row.path})  # fmt: skip
-    for row in _newest_suite(frame, "llamacpp_quality").itertuples():
-        receipt = row.receipt
-        if weights_kind(receipt["config"]) == "random":
-            continue
-        model = _quality_panel(receipt["config"], row.hardware_id)
-        series.setdefault((model, "llama.cpp"), []).append(
-            {"label": receipt["config"]["gguf_type"].upper(), "bits_per_weight": receipt["derived"]["bits_per_weight"],
-             "perplexity": receipt["derived"]["perplexity"], "receipt": row.path})  # fmt: skip
-    if not series:
+    """Held-out perplexity against stored bits per weight on trained (or real) weights: our INT4 plans and
+    llama.cpp's quants of the same checkpoint, on the same tokens (`harness.quality` chooses the panels)."""
+    panels = quality_panels(newest(frame))
+    if not panels:
         return None
-    out: list[dict[str, Any]] = [
-        {"model": model, "source": source, "points": sorted(points, key=lambda p: p["bits_per_weight"])}
-        for (model, source), points in sorted(series.items())
-    ]
-    return {"title": "Held-out perplexity against bits per weight (trained weights)", "series": out,
-            "references": [{"model": m, "perplexity": p} for m, p in sorted(references.items())]}  # fmt: skip
+    return {"title": "Held-out perplexity against bits per weight (trained weights)", "panels": panels}
 
 
 def draw_perplexity_vs_bits(data: dict) -> plt.Figure:
-    """One panel per model (each its own perplexity scale): our plans and llama.cpp's quants of it."""
-    models = sorted({s["model"] for s in data["series"]})
-    fig, axes = plt.subplots(1, len(models), figsize=(1.0 + 4.2 * len(models), 4.2), layout="constrained",
+    """One panel per checkpoint (each its own perplexity scale): the Pareto frontier of both toolchains
+    joined, every llama.cpp quant and our plans on the frontier labelled, our other plans faded and
+    unlabelled (RESULTS.md's table names each)."""
+    panels = data["panels"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(1.0 + 5.2 * len(panels), 4.4), layout="constrained",
                              squeeze=False)  # fmt: skip
-    sources = sorted({s["source"] for s in data["series"]}, key=lambda s: s != "ours")
-    references = {ref["model"]: ref["perplexity"] for ref in data["references"]}
-    for ax, model in zip(axes[0], models, strict=True):
-        for s in (s for s in data["series"] if s["model"] == model):
-            style = series_style(sources.index(s["source"]))
-            marker = "o" if s["source"] == "ours" else "s"
-            xs, ys = [p["bits_per_weight"] for p in s["points"]], [p["perplexity"] for p in s["points"]]
-            ax.scatter(xs, ys, color=style["color"], marker=marker, label=text(s["source"]), zorder=3)
-            for p in s["points"]:
+    for ax, panel in zip(axes[0], panels, strict=True):
+        points = panel["points"]
+        for index, source in enumerate((OURS, LLAMA_CPP)):
+            style = {
+                "color": series_style(index)["color"],
+                "marker": "o" if source == OURS else "s",
+                "zorder": 3,
+            }
+            shown = [p for p in points if p["source"] == source and (p["frontier"] or source == LLAMA_CPP)]
+            faded = [p for p in points if p["source"] == source and p not in shown]
+            ax.scatter([p["bits_per_weight"] for p in shown], [p["perplexity"] for p in shown],
+                       label=text(source), **style)  # fmt: skip
+            ax.scatter([p["bits_per_weight"] for p in faded], [p["perplexity"] for p in faded], alpha=0.4,
+                       **style)  # fmt: skip
+            # Labels above for llama.cpp, alternately above and below for our frontier, so neighbours part.
+            for i, p in enumerate(shown):
+                offset = (4, -9) if source == OURS and i % 2 else (4, 4)
                 ax.annotate(text(p["label"]), (p["bits_per_weight"], p["perplexity"]), fontsize=6,
-                            xytext=(3, 3), textcoords="offset points")  # fmt: skip
-        if model in references:
-            ax.axhline(references[model], color=NEUTRAL, linewidth=0.8, linestyle="--",
+                            xytext=offset, textcoords="offset points")  # fmt: skip
+        frontier = [p for p in points if p["frontier"]]
+        ax.plot([p["bits_per_weight"] for p in frontier], [p["perplexity"] for p in frontier], color=NEUTRAL,
+                linewidth=0.8, label=text("Pareto frontier"), zorder=2)  # fmt: skip
+        # Bits on a log scale: the quants crowd between 4 and 6 bits, F16 sits at 16.
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator([4, 5, 6, 8, 12, 16]))
+        ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        if panel["reference"] is not None:
+            ax.axhline(panel["reference"], color=NEUTRAL, linewidth=0.8, linestyle="--",
                        label=text("unquantised"))  # fmt: skip
-        ax.set_title(text(model), fontsize=8)
+        ax.set_title(text(panel["panel"]), fontsize=8)
         ax.set_xlabel(text("stored bits per weight (every tensor counted)"))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)

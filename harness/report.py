@@ -7,6 +7,7 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
+from harness.quality import quality_panels
 from harness.receipt import RESULTS_DIR, load_receipt, receipt_paths, short_id
 from harness.summary import COLUMNS, DIRTY_MARK, not_measured, summary_rows, weights_kind
 
@@ -174,6 +175,23 @@ def _accuracy_sections(rows: pd.DataFrame) -> list[dict]:
     return sections
 
 
+def _quality_tables(latest: pd.DataFrame) -> list[dict]:
+    """One table per quality panel: every quantisation of one checkpoint, ours and llama.cpp's, by bits."""
+    ids = {row.path: short_id(row.receipt) for row in latest.itertuples()}
+    tables = []
+    for panel in quality_panels(latest):
+        reference = panel["reference"]
+        rows = [{"source": p["source"], "label": p["label"], "bits": fmt(p["bits_per_weight"]),
+                 "perplexity": fmt(p["perplexity"]),
+                 "relative": f"{(p['perplexity'] / reference - 1) * 100:+.2f}%" if reference else "",
+                 "frontier": "yes" if p["frontier"] else "", "short_id": ids[p["receipt"]], "path": p["receipt"]}
+                for p in panel["points"]]  # fmt: skip
+        tables.append(
+            {"panel": panel["panel"], "reference": fmt(reference) if reference else None, "rows": rows}
+        )
+    return tables
+
+
 def templates(directory: Path) -> jinja2.Environment:
     """The project's Markdown templates: strict (a missing value fails), block tags leave no blank lines."""
     return jinja2.Environment(
@@ -203,6 +221,7 @@ def render(results_dir: Path | None = None) -> str:
             columns=COLUMNS,
             dirty_mark=DIRTY_MARK,
             gaps=not_measured(latest, {suite: title for suite, (title, _) in SUITES.items()}),
+            quality=_quality_tables(latest),
         )
     )
 

@@ -47,6 +47,12 @@ def weights_label(config: dict) -> str:
     return "trained here" if kind == "trained" else config.get("weights") or "not recorded"
 
 
+def plan_label(plan: dict) -> str:
+    """``label gG``: the plan's name, with its rounding when that is not the named plan's own (the accuracy
+    runner records it as ``label``; receipts before that used each plan's own)."""
+    return f"{plan.get('label', plan['name'])} g{plan['group_size']}"
+
+
 def config_label(cfg: dict) -> str:
     """An engine configuration in words: model, weights format, dtype, kernels, threads, batch."""
     plan = cfg.get("plan")
@@ -107,8 +113,7 @@ def _peers(receipt: dict, fmt) -> tuple[str, dict] | None:
 
 def _accuracy(receipt: dict, fmt) -> tuple[str, dict]:
     cfg, derived = receipt["config"], receipt["derived"]
-    plan = cfg["plan"]
-    return f"accuracy: {cfg['model']}, plan {plan['name']} g{plan['group_size']}", {
+    return f"accuracy: {cfg['model']}, plan {plan_label(cfg['plan'])}", {
         "KL / top-1": f"{fmt(derived['kl_mean_nats'])} nats / {fmt(derived['top1_agreement'])}"
     }
 

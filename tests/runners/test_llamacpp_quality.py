@@ -58,12 +58,12 @@ def test_llamacpp_f16_scores_the_same_tokens_as_the_accuracy_reference(results):
 
 def test_the_figure_plots_trained_weights_only_and_both_toolchains(results):
     data = figures.build_all(results)["perplexity_vs_bits"]
-    assert sorted(s["source"] for s in data["series"]) == ["llama.cpp", "ours"]
-    assert all("synthetic" not in s["model"] for s in data["series"])
-    assert all(s["model"].endswith("· 2 x 16 tokens") for s in data["series"])  # a panel per evaluation set
-    assert len(data["references"]) == 1
-    figure = figures.draw_perplexity_vs_bits(data)  # one panel per model
-    assert len(figure.axes) == len({s["model"] for s in data["series"]}) == 1
+    (panel,) = data["panels"]  # one checkpoint, one evaluation set: one panel
+    assert sorted({p["source"] for p in panel["points"]}) == ["llama.cpp", "ours"]
+    assert "synthetic" not in panel["model"] and panel["panel"].endswith("· 2 x 16 tokens")
+    assert panel["reference"] is not None
+    figure = figures.draw_perplexity_vs_bits(data)
+    assert len(figure.axes) == 1
 
 
 def test_results_md_keeps_random_weight_accuracy_apart_as_a_stress_test(results):
