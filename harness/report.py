@@ -44,6 +44,31 @@ SUITES = {
         "`python -m runners profile --prefill N`: milliseconds of one prompt's prefill per model component "
         "(timing hooks; `other` is the rest of the forward pass).",
     ),
+    "batching": (
+        "Batching",
+        "`python -m runners batching`: aggregate output tok/s, TTFT and ITL at each concurrency, requests "
+        "decoded together in one step; `speedup_vs_c1` against concurrency 1 in the same run.",
+    ),
+    "profile": (
+        "Profile",
+        "`python -m runners profile`: milliseconds of one eager decode step per model component (timing "
+        "hooks; `other` is the rest of the step).",
+    ),
+    "kernel-count": (
+        "Kernel-count",
+        "`python -m runners profile --count-kernels`: kernels one decode step launches (aten ops, Triton launches, "
+        "split-K sums), counted on the meta device at the full model's shapes.",
+    ),
+    "training": (
+        "Training",
+        "`kimi-engine train`: the training receipt of each checkpoint trained here (loss of every step, "
+        "held-out perplexity and bits per byte, wall time).",
+    ),
+    "conformance": (
+        "Conformance",
+        "`nox -s conformance`: the real clients (Claude Code, Codex, opencode, aider, the SDKs) driven "
+        "through k3 against a scripted upstream; wall seconds of each case, and how many passed.",
+    ),
     "harness": (
         "Harness self-check",
         "A small real measurement that proves the receipt → report → figures → audit path.",
