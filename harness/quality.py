@@ -40,7 +40,7 @@ def on_frontier(points: list[dict]) -> list[bool]:
 def quality_panels(latest: pd.DataFrame) -> list[dict]:
     """Panels from the newest receipts (one per suite, name and hardware): each with its `panel` title,
     `model`, `hardware_id`, the unquantised `reference` perplexity (None without an accuracy receipt) and
-    `points` ({source, label, bits_per_weight, perplexity, frontier, receipt, hardware_id}) by bits."""
+    `points` ({source, label, bits_per_weight, perplexity, frontier, receipt}) by bits."""
     panels: dict[str, dict] = {}
     for row in latest.itertuples() if not latest.empty else ():
         receipt = row.receipt
@@ -66,8 +66,7 @@ def quality_panels(latest: pd.DataFrame) -> list[dict]:
                 "label": cfg["gguf_type"].upper(),
                 "perplexity": derived["perplexity"],
             }
-        panel["points"].append(point | {"bits_per_weight": derived["bits_per_weight"], "receipt": row.path,
-                                        "hardware_id": row.hardware_id})  # fmt: skip
+        panel["points"].append(point | {"bits_per_weight": derived["bits_per_weight"], "receipt": row.path})
     newest: dict[tuple[str, str], str] = {}
     for name, panel in sorted(panels.items()):
         key = (_preset(panel["model"]), panel["hardware_id"])

@@ -208,11 +208,15 @@ def _quality_tables(latest: pd.DataFrame) -> list[dict]:
         reference = panel["reference"]
         rows = [{"source": p["source"], "label": p["label"], "bits": fmt(p["bits_per_weight"]),
                  "perplexity": fmt(p["perplexity"]),
-                 "relative": f"{(p['perplexity'] / reference - 1) * 100:+.2f}%" if reference else "",
+                 "relative": f"{(p['perplexity'] / reference - 1) * 100:+.2f}%" if reference is not None else "",
                  "frontier": "yes" if p["frontier"] else "", "short_id": ids[p["receipt"]], "path": p["receipt"]}
                 for p in panel["points"]]  # fmt: skip
         tables.append(
-            {"panel": panel["panel"], "reference": fmt(reference) if reference else None, "rows": rows}
+            {
+                "panel": panel["panel"],
+                "reference": None if reference is None else fmt(reference),
+                "rows": rows,
+            }
         )
     return tables
 
