@@ -108,8 +108,11 @@ def expert_ffn(
     per_expert = counts.tolist()  # the host read of the counts, for either path
     if max(per_expert) <= PADDED_MAX_ROWS:
         return _expert_ffn_padded(x, expert_ids, expert_weights, counts, max(per_expert), w1, w3, w2)
+    # unbind, not w1[e]: one view per expert whose backward stacks the experts' gradients once, where
+    # indexing's backward writes each expert's gradient into a zero-filled copy of the whole bank.
+    banks = tuple(zip(w1.unbind(0), w3.unbind(0), w2.unbind(0), strict=True))
     return grouped_expert_ffn(
-        x, expert_ids, expert_weights, w1.shape[0], lambda e: (w1[e], w3[e], w2[e]), counts=per_expert
+        x, expert_ids, expert_weights, w1.shape[0], banks.__getitem__, counts=per_expert
     )
 
 
@@ -182,13 +185,10 @@ def grouped_expert_rows(
     order = torch.argsort(flat_ids, stable=True)
     if counts is None:
         counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
-    xs = x[order // expert_ids.shape[1]]
-    out = torch.empty(order.numel(), x.shape[-1], dtype=torch.float32, device=x.device)
-    begin = 0
-    for expert, count in enumerate(counts):
-        if count:
-            out[begin : begin + count] = run_expert(expert, xs[begin : begin + count]).float()
-            begin += count
+    # split and cat, not slice assignment: under autograd a slice's backward zero-fills the whole input
+    # once per expert (training spent a third of its step there); split's backward concatenates once.
+    rows = x[order // expert_ids.shape[1]].split(counts)
+    out = torch.cat([run_expert(e, r).float() for e, r in enumerate(rows) if r.shape[0]])
     return _combine(out, order, expert_ids, expert_weights, x.dtype)
 
 
