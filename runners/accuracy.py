@@ -270,6 +270,7 @@ def accuracy_command(synthetic, weights, plans, groups, rounding, sequences, seq
     except PlanError as e:
         raise click.BadParameter(str(e), param_hint="--groups") from None
     kind = weights_kind(checkpoint)
+    weights_sha256 = checkpoint.weights_sha256() if checkpoint is not None else None
     if text is None and weights is not None and (weights / HELDOUT_TEXT).exists():
         text = weights / HELDOUT_TEXT
     if text is not None:
@@ -313,6 +314,7 @@ def accuracy_command(synthetic, weights, plans, groups, rounding, sequences, seq
                         "weights": WEIGHTS_LABELS[kind],
                         "weights_kind": kind,
                         "weight_source": source.describe,
+                        "weights_sha256": weights_sha256,
                         "dtype": dtype,
                         "device": device,
                         "plan": plan.to_json() | {"label": plan_label(plan)},

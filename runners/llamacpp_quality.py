@@ -100,7 +100,9 @@ def llamacpp_quality_command(
     text = text or weights / HELDOUT_TEXT
     if not text.exists():
         raise click.BadParameter(f"{weights} has no {HELDOUT_TEXT}; give --text", param_hint="--text")
-    kind = weights_kind(Checkpoint.open(weights))
+    checkpoint = Checkpoint.open(weights)
+    kind = weights_kind(checkpoint)
+    weights_sha256 = checkpoint.weights_sha256()
     windows = text_sequences(Tokenizer.from_dir(weights), text.read_text(), sequences, seq_len)
     eval_set = f"text {text.name}: first {sequences} windows of {seq_len} tokens"
     written = []
@@ -120,7 +122,8 @@ def llamacpp_quality_command(
                     "llamacpp_quality",
                     f"{weights.name}.{gguf_type}",
                     config={"model": weights.name, "weights": WEIGHTS_LABELS[kind], "weights_kind": kind,
-                            "weight_source": str(weights), "gguf_type": gguf_type,
+                            "weight_source": str(weights), "weights_sha256": weights_sha256,
+                            "gguf_type": gguf_type,
                             "tensor_types": tensor_types(path), "eval_set": eval_set, "sequences": sequences,
                             "seq_len": seq_len, "threads": threads, "llama_cpp_python": llama_cpp.__version__},
                     samples={"nll_nats": nll},

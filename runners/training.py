@@ -12,7 +12,7 @@ import click
 import torch
 
 from common.click_options import count_option
-from engine.model.loading import TRAINING_RECORD
+from engine.model.loading import TRAINING_RECORD, Checkpoint
 from engine.training.cli import CACHE_DIR, trained_checkpoint
 from engine.training.trainer import DEFAULT_RECIPES, recipe_for
 from harness.receipt import write_receipt
@@ -53,6 +53,7 @@ def training_command(
             "corpus": record["corpus"],
             "router_bias": record["router_bias"],
             "checkpoint": str(path),
+            "weights_sha256": Checkpoint.open(path).weights_sha256(),
             "cached": cached,
             "machine": record["machine"],
         },

@@ -9,6 +9,7 @@ straight into the model's parameters on the target device.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -102,6 +103,16 @@ class Checkpoint:
         for name, shard in self.weight_map.items():
             out.setdefault(shard, []).append(name)
         return out
+
+    def weights_sha256(self) -> str:
+        """sha256 over the shard files' bytes in name order: which exact weights a receipt measured (two
+        trainings of one recipe can differ in the last bit, docs/ENGINE.md)."""
+        digest = hashlib.sha256()
+        for shard in sorted(self.shards):
+            with open(self.path / shard, "rb") as f:
+                while block := f.read(1 << 24):
+                    digest.update(block)
+        return digest.hexdigest()
 
     @property
     def total_bytes(self) -> int:

@@ -12,6 +12,7 @@ from runners.accuracy import compare
 from runners.cli import main
 from runners.dequantized import PlanApplier, fill, stored_bytes_by_class, synthetic_source
 from runners.quality_metrics import common_prefix, expert_set_agreement, forced_pass, greedy_tokens
+from tests.runners.runner_support import shards_sha256
 
 EXPERT = "model.layers.1.block_sparse_moe.experts.3.w2.weight"
 NORM = "model.layers.1.input_layernorm.weight"
@@ -169,6 +170,7 @@ def test_a_checkpoint_and_a_text_file_can_replace_the_synthetic_defaults(tmp_pat
     assert receipt["name"] == "ckpt.default.g32" and receipt["config"]["weights"] == "synthetic weights"
     assert receipt["config"]["eval_set"].startswith("text text.txt")
     assert receipt["config"]["weight_source"] == str(tmp_path / "ckpt")
+    assert receipt["config"]["weights_sha256"] == shards_sha256(tmp_path / "ckpt")
     short = tmp_path / "short.txt"
     short.write_text("too short")
     result = CliRunner().invoke(main, [*args, "--text", str(short)])

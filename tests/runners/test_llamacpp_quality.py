@@ -48,6 +48,7 @@ def test_llamacpp_f16_scores_the_same_tokens_as_the_accuracy_reference(results):
         r for r in _receipts(results, "accuracy").values() if r["config"]["weights_kind"] == "trained"
     )
     assert f16["config"]["eval_set"] == trained["config"]["eval_set"]
+    assert f16["config"]["weights_sha256"] == trained["config"]["weights_sha256"]
     # F16 storage of BF16 weights is (nearly) exact: llama.cpp's perplexity is the engine's FP32 one.
     assert math.isclose(
         f16["derived"]["perplexity"], trained["derived"]["perplexity_reference"], rel_tol=1e-2

@@ -1,7 +1,10 @@
+from pathlib import Path
+
 from click.testing import CliRunner
 
 from harness.receipt import load_receipt, receipt_paths
 from runners.cli import main
+from tests.runners.runner_support import shards_sha256
 
 
 def test_the_training_runner_records_a_receipt_and_reuses_the_cache(tmp_path):
@@ -23,3 +26,6 @@ def test_the_training_runner_records_a_receipt_and_reuses_the_cache(tmp_path):
     )
     assert first["derived"]["steps"] == 2 and len(first["samples"]["loss_nats"]) == 2
     assert first["derived"]["heldout_ppl"] < first["derived"]["uniform_ppl"]
+    # the same cached weights, and their digest is the file's
+    checkpoint = Path(first["config"]["checkpoint"])
+    assert first["config"]["weights_sha256"] == second["config"]["weights_sha256"] == shards_sha256(checkpoint)
