@@ -81,8 +81,7 @@ class Recipe:
 
 
 # Per-preset defaults (the CLI's --steps/--minutes override the length). Sized for the goals on 2 quiet
-# cores: tiny in well under 5 minutes; small near 30 minutes (extrapolated from CPU time on a loaded
-# machine: check with `--minutes 30` on a quiet one).
+# cores: tiny within 5 minutes, small within 30 (their training receipts, `python -m runners training`).
 DEFAULT_RECIPES = {
     "tiny": Recipe("tiny", 0, steps=300, minutes=None, batch_size=8, seq_len=128, lr=3e-3, warmup_steps=40),
     "small": Recipe(
