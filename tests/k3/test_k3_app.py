@@ -235,7 +235,9 @@ async def test_engine_dropping_the_connection_mid_stream_is_an_error_event(
 def _raise_like_the_openai_sdk(frames):
     for _, data in frames:
         if isinstance(data, dict) and data.get("error"):
-            raise openai.APIError(data["error"]["message"], request=None, body=data["error"])  # type: ignore[arg-type]
+            # a real request: openai >= 3.60 reads its headers when the error is built
+            request = httpx.Request("POST", "http://k3/v1/chat/completions")
+            raise openai.APIError(data["error"]["message"], request=request, body=data["error"])
 
 
 # ---------------------------------------------------------------------------------------------
