@@ -9,9 +9,9 @@
   every step, bias_i += rate * sign(mean load - load_i), load = tokens routed to expert i in that step.
 - AdamW (no weight decay on norms, A_log, dt_bias), linear warm-up then cosine decay to `min_lr_ratio` of
   the peak, gradient-norm clipping. Batches are windows at seeded random offsets of the training stream.
-- Deterministic for a seed on one machine with a fixed thread count up to the last bit (`--steps`;
-  `--minutes` stops on the clock, so its step count depends on load): tiny retrains bit for bit, but two
-  runs of small at two threads differed in a loss's last bit from step 3 (docs/ENGINE.md).
+- Repeatable for a seed on one machine with a fixed thread count (`--steps`; `--minutes` stops on the
+  clock, so its step count depends on load), though not always bit for bit: tiny retrains identically,
+  two runs of small at two threads differed in a loss's last bit from step 3 (docs/ENGINE.md).
 """
 
 from __future__ import annotations
