@@ -23,6 +23,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.text  # noqa: E402
+import matplotlib.transforms  # noqa: E402
 from matplotlib.typing import RcKeyType  # noqa: E402
 
 USE_TEX = os.environ.get("USE_TEX") == "1"
@@ -33,6 +35,13 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#F
 HATCHES = ("", "//", "..", "xx", "\\\\")
 MARKERS = ("o", "s", "^", "D", "v")
 NEUTRAL = "#BBBBBB"  # caps, reference lines: never a series colour
+LEADER = {
+    "arrowstyle": "-",
+    "color": NEUTRAL,
+    "linewidth": 0.5,
+    "shrinkA": 0,
+    "shrinkB": 3,
+}  # label -> marker
 
 _COMMON: dict[RcKeyType, Any] = {
     "font.size": 9,
@@ -90,6 +99,58 @@ def series_style(i: int) -> dict:
         "hatch": HATCHES[cycle % len(HATCHES)],
         "marker": MARKERS[cycle % len(MARKERS)],
     }
+
+
+def part_labels(fig: plt.Figure, labels: list, *, lines: int = 3) -> None:
+    """Place each annotation in `labels` where it covers no label placed before it and no marker of its
+    axes: its own offset first, then a line lower or higher, then the same left of its point (points a
+    fraction of a bit apart otherwise print their names over each other). Where every place is taken, the
+    one covering least. Give the annotations a leader line (`arrowprops`) so a moved label still points
+    at its marker. Call it once the figure's content is final: it lays the figure out to measure."""
+    renderer = fig.canvas.get_renderer()
+    fig.draw_without_rendering()
+    placed: list = []
+    for label in labels:
+        markers = _marker_boxes(label.axes)
+        inside = label.axes.get_window_extent(renderer)
+
+        def text_box(label=label):  # the text alone: an annotation's own extent includes its leader line
+            return matplotlib.text.Text.get_window_extent(label, renderer)
+
+        dx, dy = label.xyann
+        width = text_box().width * 72 / fig.dpi
+        line = (text_box().height + 1) * 72 / fig.dpi
+        shifts = [0.0] + [sign * k * line for k in range(1, lines + 1) for sign in (-1, 1)]
+        best = None
+        # Nearest places first: right of the point, then left of it, at each height.
+        for x, shift in ((x, shift) for shift in shifts for x in (dx, -dx - width)):
+            label.xyann = (x, dy + shift)
+            box = text_box()
+            outside = box.width * box.height - _overlap(box, inside)  # past the axes: over ticks, labels
+            cover = sum(_overlap(box, other) for other in placed + markers) + 10 * outside
+            if best is None or cover < best[0]:
+                best = (cover, label.xyann, box)
+            if cover == 0:
+                break
+        label.xyann = best[1]
+        placed.append(best[2])
+
+
+def _marker_boxes(ax) -> list:
+    """Display-space boxes of every scatter marker on `ax`."""
+    radius = matplotlib.rcParams["lines.markersize"] / 2 * ax.figure.dpi / 72
+    boxes = []
+    for collection in ax.collections:
+        for x, y in collection.get_offset_transform().transform(collection.get_offsets()):
+            boxes.append(matplotlib.transforms.Bbox([[x - radius, y - radius], [x + radius, y + radius]]))
+    return boxes
+
+
+def _overlap(a, b) -> float:
+    """Area two display boxes share."""
+    w = min(a.x1, b.x1) - max(a.x0, b.x0)
+    h = min(a.y1, b.y1) - max(a.y0, b.y0)
+    return max(w, 0.0) * max(h, 0.0)
 
 
 def save(fig: plt.Figure, stem: Path, title: str, caption: str) -> list[Path]:

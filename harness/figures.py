@@ -22,7 +22,16 @@ import matplotlib.ticker
 import pandas as pd
 from matplotlib.patches import Patch
 
-from harness.figure_style import NEUTRAL, STYLE, check_renderer, save, series_style, text
+from harness.figure_style import (
+    LEADER,
+    NEUTRAL,
+    STYLE,
+    check_renderer,
+    part_labels,
+    save,
+    series_style,
+    text,
+)
 from harness.hardware import REPO_ROOT
 from harness.quality import LLAMA_CPP, OURS, quality_panels
 from harness.receipt import short_id
@@ -603,6 +612,7 @@ def draw_perplexity_vs_bits(data: dict) -> plt.Figure:
     panels = data["panels"]
     fig, axes = plt.subplots(1, len(panels), figsize=(1.0 + 5.2 * len(panels), 4.4), layout="constrained",
                              squeeze=False)  # fmt: skip
+    labels = []
     for ax, panel in zip(axes[0], panels, strict=True):
         points = panel["points"]
         for index, source in enumerate((OURS, LLAMA_CPP)):
@@ -617,11 +627,13 @@ def draw_perplexity_vs_bits(data: dict) -> plt.Figure:
                        label=text(source), **style)  # fmt: skip
             ax.scatter([p["bits_per_weight"] for p in faded], [p["perplexity"] for p in faded], alpha=0.4,
                        **style)  # fmt: skip
-            # Labels above for llama.cpp, alternately above and below for our frontier, so neighbours part.
+            # Labels above for llama.cpp, alternately above and below for our frontier, then parted from
+            # each other and from the markers (part_labels).
             for i, p in enumerate(shown):
                 offset = (4, -9) if source == OURS and i % 2 else (4, 4)
-                ax.annotate(text(p["label"]), (p["bits_per_weight"], p["perplexity"]), fontsize=6,
-                            xytext=offset, textcoords="offset points")  # fmt: skip
+                labels.append(ax.annotate(text(p["label"]), (p["bits_per_weight"], p["perplexity"]),
+                                          fontsize=6, xytext=offset, textcoords="offset points",
+                                          arrowprops=LEADER))  # fmt: skip
         frontier = [p for p in points if p["frontier"]]
         ax.plot([p["bits_per_weight"] for p in frontier], [p["perplexity"] for p in frontier], color=NEUTRAL,
                 linewidth=0.8, label=text("Pareto frontier"), zorder=2)  # fmt: skip
@@ -639,6 +651,7 @@ def draw_perplexity_vs_bits(data: dict) -> plt.Figure:
         ax.legend(fontsize=6)
     axes[0][0].set_ylabel(text("held-out perplexity"))
     fig.suptitle(title(data))
+    part_labels(fig, labels)
     return fig
 
 

@@ -151,3 +151,33 @@ def test_batching_is_one_line_per_configuration_rising_in_concurrency_and_absent
     assert "compiled step" in line["label"]
     written = figures.write_all(results, tmp_path / "figures")
     assert tmp_path / "figures" / "batching_concurrency.png" in written
+
+
+def test_labels_of_points_a_hair_apart_are_parted_from_each_other_and_the_markers():
+    import matplotlib.pyplot as plt
+    import matplotlib.text
+
+    from harness.figure_style import LEADER, part_labels
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    points = [(4.66, 172.63), (4.70, 172.70), (4.78, 172.38), (5.0, 172.2)]
+    ax.scatter(*zip(*points, strict=True))
+    ax.set_xlim(4, 6)
+    ax.set_ylim(171, 174)
+    labels = [ax.annotate(f"label {i}", p, xytext=(4, 4), textcoords="offset points", fontsize=6,
+                          arrowprops=LEADER) for i, p in enumerate(points)]  # fmt: skip
+    renderer = fig.canvas.get_renderer()
+
+    def boxes():
+        fig.draw_without_rendering()
+        return [matplotlib.text.Text.get_window_extent(label, renderer) for label in labels]
+
+    assert any(a.overlaps(b) for i, a in enumerate(boxes()) for b in boxes()[i + 1 :])  # crowded first
+    part_labels(fig, labels)
+    placed = boxes()
+    assert not any(a.overlaps(b) for i, a in enumerate(placed) for b in placed[i + 1 :])
+    markers = [ax.transData.transform(p) for p in points]
+    assert not any(box.contains(x, y) for box in placed for x, y in markers)
+    inside = ax.get_window_extent(renderer)
+    assert all(inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1) for box in placed)
+    plt.close(fig)
