@@ -28,4 +28,6 @@ def test_the_training_runner_records_a_receipt_and_reuses_the_cache(tmp_path):
     assert first["derived"]["heldout_ppl"] < first["derived"]["uniform_ppl"]
     # the same cached weights, and their digest is the file's
     checkpoint = Path(first["config"]["checkpoint"])
-    assert first["config"]["weights_sha256"] == second["config"]["weights_sha256"] == shards_sha256(checkpoint)
+    assert (
+        first["config"]["weights_sha256"] == second["config"]["weights_sha256"] == shards_sha256(checkpoint)
+    )
