@@ -76,7 +76,8 @@ def regenerate(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """Run the test suite (GPU-only tests skip on the CPU). Extra args go to pytest."""
     install(session, "test,oracles")
-    args = session.posargs or ["-q", "-p", "no:cacheprovider"]
+    # --durations: the slowest tests in every log, to keep the suite within its budget on 2 cores.
+    args = session.posargs or ["-q", "-p", "no:cacheprovider", "--durations=15"]
     # pytest exits 5 when nothing was collected (e.g. a -k filter): say so rather than fail.
     code = session.run("pytest", *args, success_codes=[0, 5])
     if code == 5:
@@ -104,8 +105,8 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff check + format check."""
-    session.install("ruff")
+    """ruff check + format check (ruff pinned: another release may format the same code otherwise)."""
+    session.install("ruff==0.17.6")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
 
