@@ -244,21 +244,19 @@ def test_citations_name_a_public_source_or_a_file_here(project):
 
 
 def test_the_audit_checks_the_checkout_it_runs_in(tmp_path):
-    """From a copy of this repository with a planted defect, `python -m harness audit` (no --root) finds it."""
+    """In a checkout with a planted defect, `python -m harness audit` run from a subdirectory (no --root)
+    audits that checkout and finds it. (The real repository's own audit is CI's `nox -s audit`.)"""
     copy = tmp_path / "copy"
-    copy.mkdir()
-    for part in ("README.md", "docs", "results"):
-        source = REPO / part
-        (shutil.copytree if source.is_dir() else shutil.copy)(source, copy / part)
+    (copy / "docs").mkdir(parents=True)
+    (copy / "results").mkdir()
     subprocess.run(["git", "init", "-q", str(copy)], check=True)
     readme = copy / "README.md"
-    readme.write_text(readme.read_text() + "\nDecode runs at 999 tok/s on an H200.\n")
+    readme.write_text("# A project\n\nDecode runs at 999 tok/s on an H200.\n")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-m", "harness", "audit"], cwd=copy / "docs", env=env,
                          capture_output=True, text=True, timeout=300)  # fmt: skip
     assert out.returncode == 1, out.stdout + out.stderr
-    planted = len(readme.read_text().splitlines())
-    assert f"unbacked: README.md:{planted}: '999 tok/s'" in out.stdout
+    assert "unbacked: README.md:3: '999 tok/s'" in out.stdout
     assert str(copy.resolve()) in out.stderr
 
 

@@ -66,7 +66,7 @@ def test_proxy_gate_compares_with_committed_receipts(tmp_path):
             samples=receipt["samples"] | {"added_ms": [1e-5] * n},
             derived=receipt["derived"] | {"added_median_us": 0.01}, command=["test"],
         )  # fmt: skip
-    strict = runner.invoke(main, ["proxy-gate", "--iterations", "20", "--results", str(tmp_path), *load,
+    strict = runner.invoke(main, ["proxy-gate", "--iterations", "8", "--results", str(tmp_path), *load,
                                   "--load-floor", "0"])  # fmt: skip
     assert strict.exit_code != 0 and "REGRESSED" in strict.output and "CI [" in strict.output
 
