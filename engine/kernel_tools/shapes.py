@@ -110,6 +110,8 @@ EDGE_SHAPES: dict[str, list[dict]] = {
         {"name": "edge_b5_fp16_weight", "B": 5, "N": 17, "K": 168, "weight": "fp16"},
         {"name": "edge_b7", "B": 7, "N": 21, "K": 200},
         {"name": "edge_b2_fp32_weight", "B": 2, "N": 40, "K": 160, "out": "fp32", "weight": "fp32"},
+        # A dense FP32 model's projection at a continuous batch's rows; K past whole vectors (a tail).
+        {"name": "edge_b5_fp32_weight_tail", "B": 5, "N": 37, "K": 203, "out": "fp32", "weight": "fp32"},
     ],
     "w4a16_grouped_gemv": [
         {"name": "edge_shared_x", "B": 2, "S": 3, "E": 5, "N": 40, "K": 96, "group": 32},

@@ -1,8 +1,10 @@
-// W4A16 GEMV (and the BF16/FP16 one of the LM head) on the CPU straight from the artifact's INT4 layout (engine/codec.py): codes [..., N, K/2]
+// W4A16 GEMV on the CPU straight from the artifact's INT4 layout (engine/codec.py): codes [..., N, K/2]
 // uint8, element 2i in the low nibble and 2i+1 in the high one, two's-complement 4-bit; scales
-// [..., N, K/G] (BF16, FP16 or FP32). FP32 activations and accumulation. Built at first use by
-// engine/kernels/cpp_cpu.py with the machine's vector extensions; the loops are written so the compiler
-// vectorises them, with AVX-512 intrinsics where the machine has them.
+// [..., N, K/G] (BF16, FP16 or FP32). FP32 activations and accumulation. Also the dense GEMV (FP32, BF16
+// or FP16 weights as stored) of the LM head and the projections at a decode step's few rows. Built at
+// first use by engine/kernels/cpp_cpu.py with the machine's vector extensions; the loops are written so
+// the compiler vectorises them, with AVX-512 intrinsics where the machine has them (AVX2 ones for the
+// dense GEMV on machines without).
 //
 // x is deinterleaved per group first ([G/2 even elements, G/2 odd elements]), so a group's low nibbles
 // meet one contiguous run of x and its high nibbles the next. Each row accumulates per lane, the group
@@ -25,7 +27,7 @@
 namespace {
 
 constexpr int64_t kBytesPerTask = 16384;  // codes one parallel task reads at least
-constexpr int64_t kTileRows = 16;  // 16-bit weight rows that stay in L1 while every row of x passes them
+constexpr int64_t kTileRows = 16;  // dense weight rows that stay in L1 while every row of x passes them
 
 #if defined(__AVX512F__)
 // 16 codes (bytes) of one group -> their low and high nibbles as signed FP32 lanes, times x, summed. The
@@ -162,22 +164,47 @@ at::Tensor w4a16_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tens
 }
 
 #if defined(__AVX512F__)
-// 16 16-bit weights (BF16 or FP16) as FP32 lanes.
+// 16 weights (FP32, BF16 or FP16) as FP32 lanes.
 template <typename W>
 inline __m512 load_weights(const W* w) {
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
-  if constexpr (std::is_same_v<W, c10::BFloat16>) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));  // BF16: FP32's top half
+  if constexpr (std::is_same_v<W, float>) {
+    return _mm512_loadu_ps(w);
   } else {
-    return _mm512_cvtph_ps(bits);
+    const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    if constexpr (std::is_same_v<W, c10::BFloat16>) {
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));  // BF16: FP32's top half
+    } else {
+      return _mm512_cvtph_ps(bits);
+    }
   }
+}
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+// 8 weights (FP32, BF16 or FP16) as FP32 lanes: the AVX2 machines' form of the loop below.
+template <typename W>
+inline __m256 load_weights8(const W* w) {
+  if constexpr (std::is_same_v<W, float>) {
+    return _mm256_loadu_ps(w);
+  } else {
+    const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w));
+    if constexpr (std::is_same_v<W, c10::BFloat16>) {
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+    } else {
+      return _mm256_cvtph_ps(bits);
+    }
+  }
+}
+
+inline float reduce_add8(__m256 v) {
+  const __m128 pair = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 two = _mm_add_ps(pair, _mm_movehl_ps(pair, pair));
+  return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
 }
 #endif
 
-// One 16-bit weight row dotted with MR FP32 rows of x, y[i * ldy] = w . x[i]. Each weight vector is
-// loaded and converted once for the MR rows; two accumulators per row of x (even and odd blocks) make
-// 2 * MR FMA chains. The weight row is read in one sequential pass: interleaving several weight rows
-// slowed the stream from memory 1.8x.
+// One weight row (FP32, BF16 or FP16) dotted with MR FP32 rows of x, y[i * ldy] = w . x[i]. Each weight
+// vector is loaded and converted once for the MR rows; two accumulators per row of x (even and odd
+// blocks) make 2 * MR FMA chains. The weight row is read in one sequential pass: interleaving several
+// weight rows slowed the stream from memory 1.8x.
 template <int MR, typename W>
 inline void dense_row(const W* w, const float* x, int64_t k, float* y, int64_t ldy) {
   int64_t j = 0;
@@ -193,6 +220,17 @@ inline void dense_row(const W* w, const float* x, int64_t k, float* y, int64_t l
     }
   }
   _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) total[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], acc[i][1]));
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  __m256 acc[MR][2];
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+  for (; j + 16 <= k; j += 16) {
+    const __m256 w0 = load_weights8(w + j), w1 = load_weights8(w + j + 8);
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+      acc[i][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + i * k + j), acc[i][0]);
+      acc[i][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + i * k + j + 8), acc[i][1]);
+    }
+  }
+  _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) total[i] = reduce_add8(_mm256_add_ps(acc[i][0], acc[i][1]));
 #endif
   for (; j < k; ++j) {
     const float wj = static_cast<float>(w[j]);
@@ -249,16 +287,18 @@ void dense_rows(const W* w, const X* x, int64_t m, int64_t k, int64_t n, float* 
   }
 }
 
-// y[M, N] = x[M, K] @ W^T for a BF16 / FP16 weight, FP32 sums. BF16 x against BF16 weights multiplies
-// BF16 pairs where the CPU has AVX512-BF16 (exact products, as the FP32 path's); any other x is FP32.
-at::Tensor w16_mm(const at::Tensor& x, const at::Tensor& weight) {
+// y[M, N] = x[M, K] @ W^T for a FP32, BF16 or FP16 weight, FP32 sums. BF16 x against BF16 weights
+// multiplies BF16 pairs where the CPU has AVX512-BF16 (exact products, as the FP32 path's); any other x is
+// FP32.
+at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& weight) {
   TORCH_CHECK(x.dim() == 2 && weight.dim() == 2 && weight.is_contiguous() && x.size(1) == weight.size(1),
-              "w16_mm takes x [M, K] and a contiguous weight [N, K]");
+              "dense_mm takes x [M, K] and a contiguous weight [N, K]");
   const int64_t m = x.size(0), k = x.size(1), n = weight.size(0);
   at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
   float* y = out.data_ptr<float>();
   auto run = [&](const auto* w, const auto* xp) {
-    at::parallel_for(0, n, grain(k * 2), [&](int64_t begin, int64_t end) { dense_rows(w, xp, m, k, n, y, begin, end); });
+    const int64_t row_bytes = k * static_cast<int64_t>(sizeof(*w));
+    at::parallel_for(0, n, grain(row_bytes), [&](int64_t begin, int64_t end) { dense_rows(w, xp, m, k, n, y, begin, end); });
   };
 #if defined(__AVX512BF16__)
   if (x.scalar_type() == at::kBFloat16 && weight.scalar_type() == at::kBFloat16) {
@@ -270,8 +310,11 @@ at::Tensor w16_mm(const at::Tensor& x, const at::Tensor& weight) {
   const at::Tensor xf = x.to(at::kFloat).contiguous();
   if (weight.scalar_type() == at::kBFloat16) {
     run(weight.data_ptr<c10::BFloat16>(), xf.data_ptr<float>());
+  } else if (weight.scalar_type() == at::kFloat) {
+    run(weight.data_ptr<float>(), xf.data_ptr<float>());
   } else {
-    TORCH_CHECK(weight.scalar_type() == at::kHalf, "w16_mm weights must be BF16 or FP16, got ", weight.scalar_type());
+    TORCH_CHECK(weight.scalar_type() == at::kHalf, "dense_mm weights must be FP32, BF16 or FP16, got ",
+                weight.scalar_type());
     run(weight.data_ptr<c10::Half>(), xf.data_ptr<float>());
   }
   return out;
@@ -433,7 +476,7 @@ void flush_denormals() {
 TORCH_LIBRARY(kimi_cpp_cpu, m) {
   m.def("flush_denormals() -> ()", &flush_denormals);
   m.def("mm(Tensor x, Tensor codes, Tensor scales, int group) -> Tensor");
-  m.def("w16_mm(Tensor x, Tensor weight) -> Tensor");
+  m.def("dense_mm(Tensor x, Tensor weight) -> Tensor");
   m.def("kda_block_scores(Tensor q, Tensor k, Tensor gamma, int block, float floor) -> (Tensor, Tensor)");
   m.def("grouped(Tensor x, Tensor codes, Tensor scales, Tensor route_ids, int group) -> Tensor");
   m.def(
@@ -443,7 +486,7 @@ TORCH_LIBRARY(kimi_cpp_cpu, m) {
 
 TORCH_LIBRARY_IMPL(kimi_cpp_cpu, CPU, m) {
   m.impl("mm", &w4a16_mm);
-  m.impl("w16_mm", &w16_mm);
+  m.impl("dense_mm", &dense_mm);
   m.impl("kda_block_scores", &kda_block_scores);
   m.impl("grouped", &w4a16_grouped);
   m.impl("grouped_swiglu", &w4a16_grouped_swiglu);

@@ -1,4 +1,4 @@
-"""W4A16 (and the BF16 LM head's GEMV) on the CPU through our own C++ kernels (cpp_cpu.cpp), FP32 sums;
+"""W4A16 (and the dense GEMV of the LM head and the projections) on the CPU through our own C++ kernels (cpp_cpu.cpp), FP32 sums;
 and KDA prefill's intra-block scores (`kda_block_scores`, used by engine.runtime.kda_kernels).
 
 They read the artifact's INT4 layout as stored (no repacked copy) and run each operation as one call:
@@ -104,7 +104,7 @@ def _register_fakes() -> None:
     def _(x, codes, scales, group):
         return x.new_empty((x.shape[0], codes.shape[0]), dtype=torch.float32)
 
-    @torch.library.register_fake(f"{NAME}::w16_mm")
+    @torch.library.register_fake(f"{NAME}::dense_mm")
     def _(x, weight):
         return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
 
@@ -170,14 +170,14 @@ def w4a16_gemv(x, codes, scales, group_size, *, out=None, out_dtype=None):
     return out
 
 
-@_variant("w16a16_gemv", "C++ GEMV on the 16-bit weight as stored, FP32 sums (BF16 pairs with AVX512-BF16)")
+@_variant(
+    "w16a16_gemv",
+    "C++ GEMV on the weight as stored (FP32/BF16/FP16), FP32 sums; each row read once for all x",
+)
 def w16a16_gemv(x, weight, *, out=None, out_dtype=None):
     shape = gemv_shape("dense", x, weight, None, None)
     out = output(out, (shape.batch, shape.n), out_dtype or x.dtype, x.device)
-    if weight.dtype == torch.float32:  # the C++ loop reads 16-bit weights; FP32 ones are torch's FP32 GEMV
-        out.copy_(torch.nn.functional.linear(x.float(), weight))
-    else:
-        out.copy_(_ops().w16_mm(x, weight.contiguous()))
+    out.copy_(_ops().dense_mm(x, weight.contiguous()))
     return out
 
 

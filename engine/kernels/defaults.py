@@ -1,9 +1,10 @@
 """Shipped defaults per device type; pinned by tests/kernels/test_kernel_defaults.py.
 
 On CUDA every operation defaults to its Triton variant, so an ordinary run uses the same kernels the
-benchmarks measure. On the CPU the expert banks and the BF16 GEMV (the LM head) default
-to our C++ kernels (engine/kernels/cpp_cpu.py: one call over all routes, the head's BF16 read as stored,
-where torch's BF16 matmul at one row measured several times slower) and the dense W4A16 GEMV to torch's
+benchmarks measure. On the CPU the expert banks and the dense GEMV (the LM head, and every projection
+of a dense model at decode) default to our C++ kernels (engine/kernels/cpp_cpu.py: one call over all
+routes; the weight read as stored, once for all rows, where torch's BF16 matmul at one row and its FP32
+matmul at 2 to 8 rows measured several times slower) and the dense W4A16 GEMV to torch's
 own int4pack kernel, which the compiled decode step measured faster than our C++ one for those shapes:
 `python -m runners decode --quant default --kernels reference,int4pack,cpp,default`. The rest stay the
 references (the Triton variants would only run in the

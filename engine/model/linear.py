@@ -25,7 +25,7 @@ DecodeGemv = Callable[..., torch.Tensor]  # fn(x [B, K], weight [N, K]) -> [B, N
 
 def _project(x: torch.Tensor, weight: torch.Tensor, decode_gemv: DecodeGemv | None) -> torch.Tensor:
     """x @ weight^T: through `decode_gemv` for a decode step's few rows when one is bound, else torch."""
-    if decode_gemv is None:  # the GPU and FP32 path: nothing added before torch's matmul
+    if decode_gemv is None:  # the GPU path: nothing added before torch's matmul
         return F.linear(x, weight)
     rows = x.reshape(-1, x.shape[-1])
     if not takes_decode_path(rows.shape[0]):

@@ -15,9 +15,9 @@ Everything below is decided while the model is built; nothing reshapes or re-bin
 2. Packed kernels: every packed module takes its functions at construction from
    `engine.kernels.resolve(device, kernels)`: `kernels` (op -> variant), else `KIMI_KERNELS`, else the
    device's shipped default (engine/kernels/defaults.py). A dense model calls none of them, except on the
-   CPU: its BF16/FP16 `Linear`s run decode rows through the selected `w16a16_gemv` when that is not
-   torch's own (`bind_dense_decode_gemvs`; oneDNN's BF16 GEMV reads a cold weight at a fraction of the
-   C++ kernel's rate).
+   CPU: its `Linear`s run decode rows through the selected `w16a16_gemv` when that is not torch's own
+   (`bind_dense_decode_gemvs`; oneDNN's BF16 GEMV reads a cold weight at a fraction of the C++ kernel's
+   rate, and torch's FP32 matmul at a continuous batch's few rows is a GEMM several times slower).
 3. KDA prefill kernel: `kda_kernel` ("auto", "torch", "fla"; engine/runtime/kda_kernels.py) picks the
    chunked kernel every KDA layer is constructed with: torch's `kda_chunked`, or fla's `chunk_kda` on a
    GPU once it matched `kda_chunked` on random inputs. One new token per sequence runs the recurrent step.

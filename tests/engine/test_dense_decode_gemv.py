@@ -1,6 +1,7 @@
-"""BF16 `Linear`s on the CPU decode through the registry's `w16a16_gemv` (engine.kernels.linear): the
+"""Dense `Linear`s on the CPU decode through the registry's `w16a16_gemv` (engine.kernels.linear): the
 decode rows, and only they, take the bound GEMV, the fused input projections included; the logits stay
-those of torch's matmul within BF16 rounding; FP32 weights and the "native" selection keep torch's matmul."""
+those of torch's matmul within BF16 rounding (FP32 weights within FP32 rounding); the "native" selection
+keeps torch's matmul."""
 
 from __future__ import annotations
 
@@ -68,7 +69,25 @@ def test_the_cpp_gemv_keeps_torchs_logits_within_bf16_rounding(rng):
     assert error <= BF16_LOGITS_RTOL, error
 
 
-def test_fp32_weights_and_the_native_selection_keep_torchs_matmul(rng):
+FP32_LOGITS_RTOL = 1e-4  # of the largest logit: FP32 sums in another order, a few layers deep
+
+
+@pytest.mark.skipif(cpp_cpu.unavailable() is not None, reason=str(cpp_cpu.unavailable()))
+def test_fp32_weights_take_the_cpp_gemv_too_and_keep_torchs_logits(rng):
+    """A continuous batch's few rows: torch's FP32 matmul there is a slow GEMM, so FP32 Linears bind too."""
+    model = synthetic_tiny(torch.float32, seed=int(torch.randint(1 << 30, (1,), generator=rng)))
+    prepare_for_inference(model)
+    bound = copy.deepcopy(model)
+    assert bind_dense_decode_gemvs(bound, {"w16a16_gemv": "cpp"}) == "cpp"
+    assert all(m.decode_variant == "cpp" for m in bound.modules() if type(m) is Linear)
+    prompt = torch.randint(0, 200, (3, 9), generator=rng)  # three rows per decode step
+    expected, actual = prefill_and_decode(model, prompt, 4), prefill_and_decode(bound, prompt, 4)
+    assert torch.isfinite(actual).all()
+    error = ((actual - expected).abs().max() / expected.abs().max()).item()
+    assert error <= FP32_LOGITS_RTOL, error
+
+
+def test_the_native_selection_keeps_torchs_matmul(rng):
     fp32 = synthetic_tiny(torch.float32, seed=1)
     assert bind_dense_decode_gemvs(fp32, {"w16a16_gemv": "native"}) is None
     assert kernel_variants(fp32) == {}
