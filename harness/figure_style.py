@@ -107,15 +107,14 @@ def part_labels(fig: plt.Figure, labels: list, *, lines: int = 3) -> None:
     fraction of a bit apart otherwise print their names over each other). Where every place is taken, the
     one covering least. Give the annotations a leader line (`arrowprops`) so a moved label still points
     at its marker. Call it once the figure's content is final: it lays the figure out to measure."""
-    renderer = fig.canvas.get_renderer()
-    fig.draw_without_rendering()
+    fig.draw_without_rendering()  # positions final; extents then measure with the figure's own renderer
     placed: list = []
     for label in labels:
         markers = _marker_boxes(label.axes)
-        inside = label.axes.get_window_extent(renderer)
+        inside = label.axes.get_window_extent()
 
         def text_box(label=label):  # the text alone: an annotation's own extent includes its leader line
-            return matplotlib.text.Text.get_window_extent(label, renderer)
+            return matplotlib.text.Text.get_window_extent(label)
 
         dx, dy = label.xyann
         width = text_box().width * 72 / fig.dpi
@@ -132,6 +131,7 @@ def part_labels(fig: plt.Figure, labels: list, *, lines: int = 3) -> None:
                 best = (cover, label.xyann, box)
             if cover == 0:
                 break
+        assert best is not None  # the first place is always measured
         label.xyann = best[1]
         placed.append(best[2])
 
