@@ -1,5 +1,6 @@
-"""W4A16 (and the dense GEMV of the LM head and the projections) on the CPU through our own C++ kernels (cpp_cpu.cpp), FP32 sums;
-and KDA prefill's intra-block scores (`kda_block_scores`, used by engine.runtime.kda_kernels).
+"""W4A16, and the dense GEMV of the LM head and the projections, on the CPU through our own C++ kernels
+(cpp_cpu.cpp), FP32 sums; and KDA prefill's intra-block scores (`kda_block_scores`, used by
+engine.runtime.kda_kernels).
 
 They read the artifact's INT4 layout as stored (no repacked copy) and run each operation as one call:
 the dense GEMV reads each weight row once for all rows of ``x``; the expert ops loop over the routes
