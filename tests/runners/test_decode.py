@@ -70,9 +70,8 @@ def test_decode_runner_writes_one_valid_receipt_per_context(tmp_path):
         assert r["derived"]["fraction_of_roofline"] > 0
         assert r["memory_cap"]["cap_gib"] == 16.0 and r["memory_cap"]["peak_rss_gib"] > 0
         assert r["config"]["cuda_graphs"] is False and "Engine" in r["config"]["decode"]
-        # BF16 Linears decode through the shipped CPU w16a16_gemv; FP32 ones through torch's matmul.
-        bf16 = default_dtype_name("cpu") == "bf16"
-        dense_gemv = {"w16a16_gemv": SHIPPED_DEFAULTS["cpu"]["w16a16_gemv"]} if bf16 else {}
+        # Dense Linears (FP32 or BF16) decode through the shipped CPU w16a16_gemv.
+        dense_gemv = {"w16a16_gemv": SHIPPED_DEFAULTS["cpu"]["w16a16_gemv"]}
         assert r["config"]["kernel_variants"] == dense_gemv and r["config"]["quant"] == "none"
         assert r["config"]["decode_step"] == "eager" and r["config"]["compile_s"] is None  # KIMI_DECODE_STEP
         assert r["config"]["threads"] == 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.kernels.defaults import SHIPPED_DEFAULTS
 from engine.model.kda import KimiDeltaAttention, kda_chunked
 from engine.model.mla import MultiheadLatentAttention
 from engine.model.mlp import MLP
@@ -56,7 +57,9 @@ def test_the_built_model_is_in_its_final_form_and_computes_the_plain_logits(rng,
     fused = [m for m in built.model.modules() if isinstance(m, KimiDeltaAttention | MLP)]
     assert all(m._input_projections is not None for m in fused if isinstance(m, KimiDeltaAttention))
     assert all(m._gate_up is not None for m in fused if isinstance(m, MLP))
-    assert (built.kernel_variants != {}) == (quant is not None)
+    # A dense model binds only the decode GEMV of its Linears; a packed one its packed kernels too.
+    assert built.kernel_variants.get("w16a16_gemv") == SHIPPED_DEFAULTS["cpu"]["w16a16_gemv"]
+    assert (set(built.kernel_variants) != {"w16a16_gemv"}) == (quant is not None)
 
     plain = source.load(CPU, torch.float32)  # same seed, same weights; nothing frozen or fused
     tokens = torch.tensor([random_prompt(rng, 70)])
