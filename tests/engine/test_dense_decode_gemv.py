@@ -55,17 +55,23 @@ def test_only_decode_rows_take_the_bound_gemv_fused_projections_included(rng):
     assert [w for _, w in rows].count(fused_width) == len(kda)
 
 
-@pytest.mark.skipif(cpp_cpu.unavailable() is not None, reason=str(cpp_cpu.unavailable()))
-def test_the_cpp_gemv_keeps_torchs_logits_within_bf16_rounding(rng):
-    model = synthetic_tiny(torch.bfloat16, seed=int(torch.randint(1 << 30, (1,), generator=rng)))
+def _cpp_bound_against_torch(dtype, rng, rows: int):
+    """A fresh tiny model and its copy bound to the cpp GEMV, and the bound copy's logits error relative to
+    the largest of torch's, over a prefill and 4 decode steps of `rows` sequences."""
+    model = synthetic_tiny(dtype, seed=int(torch.randint(1 << 30, (1,), generator=rng)))
     prepare_for_inference(model)
     bound = copy.deepcopy(model)
     assert bind_dense_decode_gemvs(bound, {"w16a16_gemv": "cpp"}) == "cpp"
-    assert kernel_variants(bound) == {"w16a16_gemv": "cpp"} and kernel_variants(model) == {}
-    prompt = torch.randint(0, 200, (2, 9), generator=rng)
+    prompt = torch.randint(0, 200, (rows, 9), generator=rng)
     expected, actual = prefill_and_decode(model, prompt, 4), prefill_and_decode(bound, prompt, 4)
     assert torch.isfinite(actual).all()
-    error = ((actual - expected).abs().max() / expected.abs().max()).item()
+    return model, bound, ((actual - expected).abs().max() / expected.abs().max()).item()
+
+
+@pytest.mark.skipif(cpp_cpu.unavailable() is not None, reason=str(cpp_cpu.unavailable()))
+def test_the_cpp_gemv_keeps_torchs_logits_within_bf16_rounding(rng):
+    model, bound, error = _cpp_bound_against_torch(torch.bfloat16, rng, rows=2)
+    assert kernel_variants(bound) == {"w16a16_gemv": "cpp"} and kernel_variants(model) == {}
     assert error <= BF16_LOGITS_RTOL, error
 
 
@@ -75,15 +81,8 @@ FP32_LOGITS_RTOL = 1e-4  # of the largest logit: FP32 sums in another order, a f
 @pytest.mark.skipif(cpp_cpu.unavailable() is not None, reason=str(cpp_cpu.unavailable()))
 def test_fp32_weights_take_the_cpp_gemv_too_and_keep_torchs_logits(rng):
     """A continuous batch's few rows: torch's FP32 matmul there is a slow GEMM, so FP32 Linears bind too."""
-    model = synthetic_tiny(torch.float32, seed=int(torch.randint(1 << 30, (1,), generator=rng)))
-    prepare_for_inference(model)
-    bound = copy.deepcopy(model)
-    assert bind_dense_decode_gemvs(bound, {"w16a16_gemv": "cpp"}) == "cpp"
+    _, bound, error = _cpp_bound_against_torch(torch.float32, rng, rows=3)  # three rows per decode step
     assert all(m.decode_variant == "cpp" for m in bound.modules() if type(m) is Linear)
-    prompt = torch.randint(0, 200, (3, 9), generator=rng)  # three rows per decode step
-    expected, actual = prefill_and_decode(model, prompt, 4), prefill_and_decode(bound, prompt, 4)
-    assert torch.isfinite(actual).all()
-    error = ((actual - expected).abs().max() / expected.abs().max()).item()
     assert error <= FP32_LOGITS_RTOL, error
 
 
