@@ -204,6 +204,7 @@ def batching_command(synthetic, device, dtype, concurrency, prompt_tokens, gen_t
             "seed": seed,
             "threads": threads,
             "decode_step": engine.step,
+            "kernel_variants": engine.kernel_variants,
             "prefill_budget": engine.plan.prefill_chunk,
             "compile_s": {f"{rows}x{tokens}": s for (tokens, rows), s in engine.pool.compile_s.items()},
             "scheduler": "engine.runtime.Scheduler, continuous batching (one decode step for all)",

@@ -99,6 +99,28 @@ def _swiglu_case(shape: dict, gen: torch.Generator | None, device) -> Case:
     return Case(args, {}, (b, s, n), ACTIVATION)
 
 
+def _dense_bank(e: int, n: int, k: int, shape: dict, gen, device) -> torch.Tensor:
+    return (torch.randn((e, n, k), generator=gen, device=device) / k**0.5).to(
+        OUT_DTYPES[shape.get("weight", "bf16")]
+    )
+
+
+def _dense_grouped_case(shape: dict, gen: torch.Generator | None, device) -> Case:
+    b, s, e, n, k = (shape[key] for key in ("B", "S", "E", "N", "K"))
+    act, out = _activation(shape), OUT_DTYPES[shape.get("out", "bf16")]
+    x = torch.randn((b, s, k) if shape.get("per_slot") else (b, k), generator=gen, device=device).to(act)
+    args = (x, _dense_bank(e, n, k, shape, gen, device), _routes(b, s, e, gen, device))
+    return Case(args, {"out_dtype": out}, (b, s, n), out)
+
+
+def _dense_swiglu_case(shape: dict, gen: torch.Generator | None, device) -> Case:
+    b, s, e, n, k = (shape[key] for key in ("B", "S", "E", "N", "K"))
+    act = _activation(shape)
+    gate, up = (_dense_bank(e, n, k, shape, gen, device) for _ in range(2))
+    x = torch.randn((b, k), generator=gen, device=device).to(act)
+    return Case((x, gate, up, _routes(b, s, e, gen, device)), {}, (b, s, n), act)
+
+
 def _combine_case(shape: dict, gen: torch.Generator | None, device) -> Case:
     b, s, n = shape["B"], shape["S"], shape["N"]
     weights = torch.rand((b, s), generator=gen, device=device)
@@ -155,6 +177,8 @@ CASES: dict[str, Callable[[dict, torch.Generator | None, torch.device | str], Ca
     "w4a16_gemv": _gemv_case("int4"),
     "w8a16_gemv": _gemv_case("int8"),
     "w16a16_gemv": _gemv_case("dense"),
+    "w16a16_grouped_gemv": _dense_grouped_case,
+    "w16a16_grouped_swiglu": _dense_swiglu_case,
     "w4a16_grouped_gemv": _grouped_case,
     "w4a16_grouped_swiglu": _swiglu_case,
     "route_combine": _combine_case,

@@ -118,7 +118,7 @@ def check(
     return max(results, key=lambda r: (not r.passed, r.worst_ratio))  # the worst of out and the states
 
 
-# A SwiGLU whose gate and up are BF16 before silu(gate) * up: three roundings, and silu scales the gate's
+# A SwiGLU (INT4 or dense banks) whose gate and up are BF16 before silu(gate) * up: three roundings, and silu scales the gate's
 # relative error by |1 + g(1 - sigmoid(g))| (< 6 for g > -5); below that silu * up is small next to the rms,
 # so the atol term covers it.
 ROUNDED_SWIGLU = Tolerance(rtol=2**-6, atol_rms=2**-10)
@@ -129,7 +129,7 @@ def tolerance(v: registry.Variant, out_dtype: torch.dtype) -> Tolerance:
     out_tol = TOLERANCES[out_dtype]
     if v.precision is None:
         return out_tol
-    own = ROUNDED_SWIGLU if v.op == "w4a16_grouped_swiglu" else TOLERANCES[v.precision]
+    own = ROUNDED_SWIGLU if v.op.endswith("_grouped_swiglu") else TOLERANCES[v.precision]
     return own if own.rtol > out_tol.rtol else out_tol
 
 

@@ -62,6 +62,11 @@ def kimi_shapes(
             {"name": f"experts_down_B{b}", **bank, "N": h, "K": m, "per_slot": True},
         ]
         tables["w4a16_grouped_swiglu"].append({"name": f"experts_swiglu_B{b}", **bank, "N": m, "K": h})
+        dense_bank = {key: v for key, v in bank.items() if key != "group"}  # a dense model's experts
+        tables["w16a16_grouped_swiglu"].append({"name": f"experts_swiglu_B{b}", **dense_bank, "N": m, "K": h})
+        tables["w16a16_grouped_gemv"].append(
+            {"name": f"experts_down_B{b}", **dense_bank, "N": h, "K": m, "per_slot": True}
+        )
         tables["route_combine"].append({"name": f"experts_combine_B{b}", "B": b, "S": slots, "N": h})
         tables["rms_norm"] += [
             {"name": f"hidden_add_norm_B{b}", "B": b, "H": h, "residual": True},
@@ -83,6 +88,8 @@ _OPS = (
     "w4a16_gemv",
     "w8a16_gemv",
     "w16a16_gemv",
+    "w16a16_grouped_gemv",
+    "w16a16_grouped_swiglu",
     "w4a16_grouped_gemv",
     "w4a16_grouped_swiglu",
     "route_combine",
@@ -112,6 +119,28 @@ EDGE_SHAPES: dict[str, list[dict]] = {
         {"name": "edge_b2_fp32_weight", "B": 2, "N": 40, "K": 160, "out": "fp32", "weight": "fp32"},
         # A dense FP32 model's projection at a continuous batch's rows; K past whole vectors (a tail).
         {"name": "edge_b5_fp32_weight_tail", "B": 5, "N": 37, "K": 203, "out": "fp32", "weight": "fp32"},
+    ],
+    # Dense banks ("weight": bf16 unless named); routes that repeat an expert within and across rows.
+    "w16a16_grouped_gemv": [
+        {"name": "edge_per_slot_x", "B": 3, "S": 4, "E": 5, "N": 37, "K": 203, "per_slot": True},
+        {
+            "name": "edge_b5_fp32",
+            "B": 5,
+            "S": 3,
+            "E": 4,
+            "N": 21,
+            "K": 96,
+            "per_slot": True,
+            "weight": "fp32",
+            "act": "fp32",
+            "out": "fp32",
+        },
+        {"name": "edge_b2_fp16_shared_x", "B": 2, "S": 3, "E": 6, "N": 19, "K": 136, "weight": "fp16"},
+    ],
+    "w16a16_grouped_swiglu": [
+        {"name": "edge_b1", "B": 1, "S": 3, "E": 7, "N": 20, "K": 170},
+        {"name": "edge_b6", "B": 6, "S": 4, "E": 5, "N": 33, "K": 96},
+        {"name": "edge_b3_fp32", "B": 3, "S": 2, "E": 3, "N": 18, "K": 200, "weight": "fp32", "act": "fp32"},
     ],
     "w4a16_grouped_gemv": [
         {"name": "edge_shared_x", "B": 2, "S": 3, "E": 5, "N": 40, "K": 96, "group": 32},

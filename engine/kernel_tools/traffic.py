@@ -12,7 +12,7 @@ import torch
 from engine.codec import quantized_nbytes
 
 ACTIVATION_BYTES = 2  # BF16
-_OUT_BYTES = {"bf16": 2, "fp32": 4}
+_OUT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 
 def weight_bytes(fmt: str, n: int, k: int, group: int | None) -> int:
@@ -52,6 +52,14 @@ def op_bytes(op: str, shape: dict, *, unique_experts: int | None = None) -> int:
             + routes
             + b * s * n * ACTIVATION_BYTES
         )
+    if op in ("w16a16_grouped_gemv", "w16a16_grouped_swiglu"):
+        s, e, n, k = shape["S"], shape["E"], shape["N"], shape["K"]
+        experts = min(b * s, e) if unique_experts is None else unique_experts
+        banks = 2 if op == "w16a16_grouped_swiglu" else 1
+        weight = _OUT_BYTES[shape.get("weight", "bf16")]
+        x_rows = b * s if shape.get("per_slot") else b
+        act, out = _OUT_BYTES[shape.get("act", "bf16")], _OUT_BYTES[shape.get("out", "bf16")]
+        return banks * experts * n * k * weight + x_rows * k * act + b * s * 8 + b * s * n * out
     if op == "rms_norm":
         act = _OUT_BYTES[shape.get("act", "bf16")]
         rows = b * shape["H"] * act

@@ -1,6 +1,7 @@
 """Decode kernels behind a registry: ``get(op, variant=None, device=None)`` returns the function to call.
 
 Operations (signatures in engine/kernels/reference.py): w4a16_gemv, w8a16_gemv, w16a16_gemv,
+w16a16_grouped_gemv, w16a16_grouped_swiglu (dense expert banks),
 w4a16_grouped_gemv, w4a16_grouped_swiglu, route_combine; and the fused decode operations rms_norm,
 kda_decode_step, route_topk (triton_norm.py, triton_kda.py, triton_router.py; bound by fused.py). ``linear(x, weight)`` dispatches a
 :class:`~engine.codec.LinearWeight` to the GEMV for its format.

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
@@ -320,6 +321,94 @@ at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& weight) {
   return out;
 }
 
+// out[b, s, n] = x[b(, s)] @ bank[route_ids[b, s]][n]^T over a dense bank [E, N, K] (FP32, BF16 or
+// FP16, as stored); swiglu: silu(gate) * up over two banks. The routes are sorted by expert first (the ids
+// are in host memory: no device sync), so each chosen expert's weight rows are read once for all the
+// routes that chose it: a batch reads the union of its experts, not batch * top-k of them. FP32 sums; x
+// as dense_mm takes it (BF16 beside BF16 weights where the CPU has AVX512-BF16, else FP32).
+at::Tensor dense_grouped(const at::Tensor& x, const at::Tensor& gate, const c10::optional<at::Tensor>& up,
+                         const at::Tensor& route_ids) {
+  TORCH_CHECK(gate.dim() == 3 && gate.is_contiguous(), "dense_grouped takes a contiguous bank [E, N, K]");
+  const int64_t k = x.size(-1), experts = gate.size(0), n = gate.size(1);
+  TORCH_CHECK(gate.size(2) == k, "the bank's K=", gate.size(2), " does not match x's ", k);
+  const bool swiglu = up.has_value();
+  if (swiglu) {
+    TORCH_CHECK(up->sizes() == gate.sizes() && up->scalar_type() == gate.scalar_type() && up->is_contiguous(),
+                "gate and up banks differ in shape, dtype or layout");
+  }
+  const at::Tensor ids = checked_routes(route_ids, experts);
+  const int64_t batch = ids.size(0), slots = ids.size(1), routes = batch * slots;
+  const bool per_slot = x.dim() == 3;
+  TORCH_CHECK((x.dim() == 2 && x.size(0) == batch) || (per_slot && x.size(0) == batch && x.size(1) == slots),
+              "x must be [B, K] or [B, S, K] for route_ids [B, S]");
+  // A stable counting sort of the routes by expert: expert e's routes are order[start[e] .. start[e + 1]).
+  const int64_t* route = ids.data_ptr<int64_t>();
+  std::vector<int64_t> start(experts + 1, 0);
+  for (int64_t r = 0; r < routes; ++r) ++start[route[r] + 1];
+  for (int64_t e = 0; e < experts; ++e) start[e + 1] += start[e];
+  std::vector<int64_t> order(routes), fill(start.begin(), start.end() - 1), chosen;
+  for (int64_t r = 0; r < routes; ++r) order[fill[route[r]]++] = r;
+  for (int64_t e = 0; e < experts; ++e) {
+    if (start[e + 1] > start[e]) chosen.push_back(e);
+  }
+  at::Tensor source = at::empty({routes}, ids.options());
+  for (int64_t j = 0; j < routes; ++j) source.data_ptr<int64_t>()[j] = per_slot ? order[j] : order[j] / slots;
+#if defined(__AVX512BF16__)
+  const bool bf16_pairs = x.scalar_type() == at::kBFloat16 && gate.scalar_type() == at::kBFloat16;
+#else
+  const bool bf16_pairs = false;
+#endif
+  const at::ScalarType x_type = bf16_pairs ? at::kBFloat16 : at::kFloat;
+  const at::Tensor xs = x.reshape({-1, k}).index_select(0, source).to(x_type).contiguous();  // [R, K] by expert
+  const at::TensorOptions fp32 = x.options().dtype(at::kFloat);
+  at::Tensor gate_y = at::empty({routes, n}, fp32), up_y = swiglu ? at::empty({routes, n}, fp32) : gate_y;
+  float* gy = gate_y.data_ptr<float>();
+  float* uy = up_y.data_ptr<float>();
+  auto run = [&](const auto* g, const auto* u, const auto* xp) {
+    const int64_t row_bytes = k * static_cast<int64_t>(sizeof(*g)) * (swiglu ? 2 : 1);
+    const int64_t items = static_cast<int64_t>(chosen.size()) * n;  // (chosen expert, weight row)
+    at::parallel_for(0, items, grain(row_bytes), [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end;) {
+        const int64_t e = chosen[item / n], first = item % n, last = std::min(n, first + end - item);
+        const int64_t rows = start[e + 1] - start[e], at = start[e];
+        dense_rows(g + e * n * k, xp + at * k, rows, k, n, gy + at * n, first, last);
+        if (u != nullptr) dense_rows(u + e * n * k, xp + at * k, rows, k, n, uy + at * n, first, last);
+        item += last - first;
+      }
+    });
+  };
+  auto banks = [&](auto tag, const auto* xp) {
+    using W = decltype(tag);
+    run(gate.data_ptr<W>(), swiglu ? up->data_ptr<W>() : static_cast<const W*>(nullptr), xp);
+  };
+#if defined(__AVX512BF16__)
+  if (bf16_pairs) {
+    banks(c10::BFloat16{}, xs.data_ptr<c10::BFloat16>());
+  } else
+#endif
+  if (gate.scalar_type() == at::kBFloat16) {
+    banks(c10::BFloat16{}, xs.data_ptr<float>());
+  } else if (gate.scalar_type() == at::kFloat) {
+    banks(float{}, xs.data_ptr<float>());
+  } else {
+    TORCH_CHECK(gate.scalar_type() == at::kHalf, "dense_grouped banks must be FP32, BF16 or FP16, got ",
+                gate.scalar_type());
+    banks(c10::Half{}, xs.data_ptr<float>());
+  }
+  // Back from expert order to [B, S, N], silu(gate) * up for the SwiGLU.
+  at::Tensor out = at::empty({batch, slots, n}, fp32);
+  float* y = out.data_ptr<float>();
+  at::parallel_for(0, routes, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      float* dst = y + order[j] * n;
+      const float* a = gy + j * n;
+      const float* b = uy + j * n;
+      for (int64_t c = 0; c < n; ++c) dst[c] = swiglu ? a[c] / (1.f + std::exp(-a[c])) * b[c] : a[c];
+    }
+  });
+  return out;
+}
+
 // out[b, s, n] = x[b(, s)] @ bank[route_ids[b, s]][n]^T; swiglu: silu(gate) * up over two banks.
 at::Tensor grouped(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& gate_scales,
                    const c10::optional<at::Tensor>& up, const c10::optional<at::Tensor>& up_scales,
@@ -477,6 +566,7 @@ TORCH_LIBRARY(kimi_cpp_cpu, m) {
   m.def("flush_denormals() -> ()", &flush_denormals);
   m.def("mm(Tensor x, Tensor codes, Tensor scales, int group) -> Tensor");
   m.def("dense_mm(Tensor x, Tensor weight) -> Tensor");
+  m.def("dense_grouped(Tensor x, Tensor gate, Tensor? up, Tensor route_ids) -> Tensor");
   m.def("kda_block_scores(Tensor q, Tensor k, Tensor gamma, int block, float floor) -> (Tensor, Tensor)");
   m.def("grouped(Tensor x, Tensor codes, Tensor scales, Tensor route_ids, int group) -> Tensor");
   m.def(
@@ -487,6 +577,7 @@ TORCH_LIBRARY(kimi_cpp_cpu, m) {
 TORCH_LIBRARY_IMPL(kimi_cpp_cpu, CPU, m) {
   m.impl("mm", &w4a16_mm);
   m.impl("dense_mm", &dense_mm);
+  m.impl("dense_grouped", &dense_grouped);
   m.impl("kda_block_scores", &kda_block_scores);
   m.impl("grouped", &w4a16_grouped);
   m.impl("grouped_swiglu", &w4a16_grouped_swiglu);

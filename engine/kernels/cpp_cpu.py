@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.kernels import reference, registry  # noqa: F401  (reference defines the operations)
-from engine.kernels.signatures import gemv_shape, grouped_shape, output
+from engine.kernels.signatures import dense_swiglu_shape, gemv_shape, grouped_shape, output
 
 SOURCE = Path(__file__).with_suffix(".cpp")
 NAME = "kimi_cpp_cpu"
@@ -108,6 +108,10 @@ def _register_fakes() -> None:
     @torch.library.register_fake(f"{NAME}::dense_mm")
     def _(x, weight):
         return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
+
+    @torch.library.register_fake(f"{NAME}::dense_grouped")
+    def _(x, gate, up, route_ids):
+        return x.new_empty((*route_ids.shape, gate.shape[1]), dtype=torch.float32)
 
     @torch.library.register_fake(f"{NAME}::kda_block_scores")
     def _(q, k, gamma, block, floor):
@@ -216,3 +220,25 @@ def w4a16_grouped_swiglu(x, gate_codes, gate_scales, up_codes, up_scales, route_
 
 
 registry.set_cpp_availability(unavailable)
+
+
+@_variant(
+    "w16a16_grouped_gemv",
+    "C++: routes sorted by expert, each chosen expert's rows read once for all its routes, FP32 sums",
+)
+def w16a16_grouped_gemv(x, bank, route_ids, *, out=None, out_dtype=None):
+    shape = grouped_shape(x, bank, None, route_ids, None, "dense")
+    out = output(out, (shape.batch, shape.slots, shape.n), out_dtype or x.dtype, x.device)
+    out.copy_(_ops().dense_grouped(x, bank, None, route_ids))
+    return out
+
+
+@_variant(
+    "w16a16_grouped_swiglu",
+    "C++: routes sorted by expert, gate and up rows read once for all its routes, silu(gate) * up in FP32",
+)
+def w16a16_grouped_swiglu(x, gate, up, route_ids, *, out=None):
+    shape = dense_swiglu_shape(x, gate, up, route_ids)
+    out = output(out, (shape.batch, shape.slots, shape.n), x.dtype, x.device)
+    out.copy_(_ops().dense_grouped(x, gate, up, route_ids))
+    return out

@@ -9,7 +9,10 @@ import torch
 from engine.codec import LinearWeight
 from engine.kernels import registry
 from engine.model import KimiLinearForCausalLM, Linear
+from engine.model.moe import ExpertBank
 
+DENSE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+DENSE_EXPERT_OPS = ("w16a16_grouped_swiglu", "w16a16_grouped_gemv")  # in the order a bank calls them
 GEMV_FOR_FORMAT = {"int4": "w4a16_gemv", "int8": "w8a16_gemv", "dense": "w16a16_gemv"}
 
 
@@ -31,21 +34,32 @@ def linear(
 def bind_dense_decode_gemvs(
     model: KimiLinearForCausalLM, kernels: dict[str, str] | None = None
 ) -> str | None:
-    """On the CPU, bind the selected `w16a16_gemv` (`kernels`, else KIMI_KERNELS, else the shipped default)
-    to every plain `Linear` (FP32, BF16 or FP16) for its decode rows, unless it is torch's own matmul
-    ("native"); -> the variant bound, or None (another device, or native). torch's FP32 matmul at 2 to 8
-    rows measured 2-3x slower than at one row on the CPU (a GEMM, not a GEMV, for the same bytes); the C++
-    GEMV reads each weight row once for all rows."""
+    """On the CPU, bind the selected dense GEMVs (`kernels`, else KIMI_KERNELS, else the shipped defaults)
+    for decode rows, unless they are torch's own ("native"): `w16a16_gemv` to every plain `Linear` (FP32,
+    BF16 or FP16), and `w16a16_grouped_swiglu` + `w16a16_grouped_gemv` to every dense `ExpertBank`; -> the
+    `w16a16_gemv` variant bound, or None (another device, or native). torch's FP32 matmul at 2 to 8 rows
+    measured 2-3x slower than at one row on the CPU (a GEMM, not a GEMV, for the same bytes); the C++ GEMV
+    reads each weight row once for all rows, and the grouped one each chosen expert once for all the rows
+    that chose it."""
     device = model.device
     if device.type != "cpu":
         return None
-    selection = registry.select("w16a16_gemv", (kernels or {}).get("w16a16_gemv"), device)
+    chosen = kernels or {}
+    selection = registry.select("w16a16_gemv", chosen.get("w16a16_gemv"), device)
+    experts = {op: registry.select(op, chosen.get(op), device).variant for op in DENSE_EXPERT_OPS}
+    swiglu, grouped = experts.values()
     bound = None
     for module in model.modules():
-        if type(module) is Linear and module.weight.dtype in (torch.float32, torch.bfloat16, torch.float16):
-            if selection.variant.name == "native":
-                module.bind_decode_gemv(None, None)
+        if type(module) is Linear and module.weight.dtype in DENSE_DTYPES:
+            if selection.variant.name == "native":  # named for receipts; torch's matmul runs
+                module.bind_decode_gemv("native", None)
             else:
                 module.bind_decode_gemv(selection.variant.name, selection.variant.fn)
                 bound = selection.variant.name
+        elif type(module) is ExpertBank and module.w1.dtype in DENSE_DTYPES:
+            names = {op: v.name for op, v in experts.items()}
+            if "native" in names.values():  # both run as expert_ffn's own gathered path
+                module.bind_decode_kernels(dict.fromkeys(names, "native"))
+            else:
+                module.bind_decode_kernels(names, swiglu.fn, grouped.fn)
     return bound

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from engine.codec import LinearWeight, dequantize
 from engine.kernels import registry
-from engine.kernels.signatures import combine_shape, gemv_shape, grouped_shape, output
+from engine.kernels.signatures import combine_shape, dense_swiglu_shape, gemv_shape, grouped_shape, output
 
 registry.define(
     "w4a16_gemv",
@@ -28,6 +28,14 @@ registry.define(
     "w4a16_grouped_swiglu",
     "h[B,S,N] = silu(x @ gate[route]^T) * (x @ up[route]^T) over two INT4 expert banks (fused gate/up)",
     weight_args=((1, 2), (3, 4)),
+)
+registry.define(
+    "w16a16_grouped_gemv",
+    "y[B,S,N] = x[B,(S,)K] @ bank[route_ids[B,S]]^T over a dense expert bank [E,N,K] (down projection)",
+)
+registry.define(
+    "w16a16_grouped_swiglu",
+    "h[B,S,N] = silu(x @ gate[route]^T) * (x @ up[route]^T) over two dense expert banks [E,N,K]",
 )
 registry.define("route_combine", "out[B,N] = sum_s weights[B,S] * y[B,S,N] (route-weighted expert combine)")
 
@@ -87,6 +95,31 @@ def w4a16_grouped_swiglu(x, gate_codes, gate_scales, up_codes, up_scales, route_
     gate = _grouped_fp32(x, gate_codes, gate_scales, route_ids, group_size)
     up = _grouped_fp32(x, up_codes, up_scales, route_ids, group_size)
     out.copy_(F.silu(gate) * up)
+    return out
+
+
+def _dense_grouped_fp32(x, bank, route_ids) -> torch.Tensor:
+    rows = x.float() if x.ndim == 3 else x.float().unsqueeze(1).expand(-1, route_ids.shape[1], -1)
+    return torch.einsum("bsk,bsnk->bsn", rows, bank[route_ids.long()].float())
+
+
+@registry.register(
+    "w16a16_grouped_gemv", "reference", backend="torch", description="gather experts, FP32 einsum"
+)
+def w16a16_grouped_gemv(x, bank, route_ids, *, out=None, out_dtype=None):
+    shape = grouped_shape(x, bank, None, route_ids, None, "dense")
+    out = output(out, (shape.batch, shape.slots, shape.n), out_dtype or x.dtype, x.device)
+    out.copy_(_dense_grouped_fp32(x, bank, route_ids))
+    return out
+
+
+@registry.register(
+    "w16a16_grouped_swiglu", "reference", backend="torch", description="two FP32 grouped GEMVs, silu * up"
+)
+def w16a16_grouped_swiglu(x, gate, up, route_ids, *, out=None):
+    shape = dense_swiglu_shape(x, gate, up, route_ids)
+    out = output(out, (shape.batch, shape.slots, shape.n), x.dtype, x.device)
+    out.copy_(F.silu(_dense_grouped_fp32(x, gate, route_ids)) * _dense_grouped_fp32(x, up, route_ids))
     return out
 
 

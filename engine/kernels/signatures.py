@@ -86,15 +86,21 @@ class GroupedShape:
 
 
 def grouped_shape(
-    x: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, route_ids: torch.Tensor, group: int
+    x: torch.Tensor,
+    codes: torch.Tensor,
+    scales: torch.Tensor | None,
+    route_ids: torch.Tensor,
+    group: int | None,
+    fmt: str = "int4",
 ) -> GroupedShape:
-    """Validate a grouped INT4 GEMV: ``y[b, s] = x[b(, s)] @ W[route_ids[b, s]]^T``."""
+    """Validate a grouped GEMV ``y[b, s] = x[b(, s)] @ W[route_ids[b, s]]^T`` over a bank in format
+    ``fmt`` (INT4 codes + scales, or a dense bank with no scales)."""
     _require(x.ndim in (2, 3), f"x must be [B, K] or [B, S, K], got {tuple(x.shape)}")
     _require(x.dtype in ACTIVATION_DTYPES, f"x dtype {x.dtype} is not one of {ACTIVATION_DTYPES}")
     _require(x.is_contiguous(), "x must be contiguous")
     _require(
         codes.ndim == 3 and codes.is_contiguous(),
-        f"codes must be a contiguous [E, N, K/2] bank, got {tuple(codes.shape)}",
+        f"the bank must be a contiguous [E, N, K'] tensor, got {tuple(codes.shape)}",
     )
     _require(route_ids.ndim == 2, f"route_ids must be [B, S], got {tuple(route_ids.shape)}")
     _require(
@@ -106,9 +112,22 @@ def grouped_shape(
     if x.ndim == 3:
         _require(x.shape[1] == slots, f"x has {x.shape[1]} slots but route_ids has {slots}")
     k = x.shape[-1]
-    _check_weight("int4", codes, scales, group, k)
+    _check_weight(fmt, codes, scales, group, k)
     _require(codes.device == x.device == route_ids.device, "x, the bank and route_ids must share a device")
     return GroupedShape(batch, slots, codes.shape[0], codes.shape[1], k, x.ndim == 3)
+
+
+def dense_swiglu_shape(
+    x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, route_ids: torch.Tensor
+) -> GroupedShape:
+    """Validate a dense grouped SwiGLU: two banks of one shape and dtype, x [B, K] shared by all slots."""
+    shape = grouped_shape(x, gate, None, route_ids, None, "dense")
+    _require(
+        tuple(up.shape) == tuple(gate.shape) and up.dtype == gate.dtype and up.is_contiguous(),
+        f"up bank {tuple(up.shape)} {up.dtype} differs from the gate bank {tuple(gate.shape)} {gate.dtype}",
+    )
+    _require(not shape.per_slot_input, "the gate/up projection takes x as [B, K]")
+    return shape
 
 
 def combine_shape(y: torch.Tensor, weights: torch.Tensor) -> tuple[int, int, int]:

@@ -91,14 +91,16 @@ def expert_ffn(
     Returns [N, hidden] in x's dtype, accumulated in FP32. This is the one function an alternative expert
     kernel replaces.
 
-    Tokens that take the decode path (engine/model/paths.py draws the line) (decode, one row or a continuous batch): N * k expert slots, each
-    slot one expert's matrix-vector products for one row (`_expert_ffn_gathered`). The shapes depend only
-    on N and k, so the step is CUDA-graph capturable and compiles once per batch size; and Inductor turns
-    each slot's matrix-vector product into one loop that reads the chosen expert's weights in place (a
-    batched product with a single column), so no expert is copied. A union of the rows' experts (each
-    distinct expert once, N columns) reads fewer bytes when rows share experts, but its products have N
-    columns: Inductor then copies the gathered experts out and calls a GEMM, which measured 15x slower
-    at 4 rows on the CPU (and slower eagerly too). Many (prefill): sort assignments by expert (a host
+    Tokens that take the decode path (engine/model/paths.py draws the line) (decode, one row or a
+    continuous batch): N * k expert slots, each slot one expert's matrix-vector products for one row
+    (`_expert_ffn_gathered`). The shapes depend only on N and k, so the step is CUDA-graph capturable and
+    compiles once per batch size; and Inductor turns each slot's matrix-vector product into one loop that
+    reads the chosen expert's weights in place (a batched product with a single column), so no expert is
+    copied. A union of the rows' experts written in torch (each distinct expert once, N columns) has
+    products of N columns: Inductor then copies the gathered experts out and calls a GEMM, which measured
+    15x slower at 4 rows on the CPU; on the CPU the runtime binds the registry's C++ grouped kernels
+    instead (`ExpertBank.bind_decode_kernels`), which read each chosen expert once for all the rows that
+    chose it. Many (prefill): sort assignments by expert (a host
     read of the counts); up to PADDED_MAX_ROWS rows per expert, one zero-padded batched product for all
     experts, else one matmul per expert that has tokens.
     """
@@ -202,11 +204,27 @@ class ExpertBank(nn.Module):
         self.w1 = nn.Parameter(torch.empty(e, i, h, dtype=dtype, device=device))
         self.w3 = nn.Parameter(torch.empty(e, i, h, dtype=dtype, device=device))
         self.w2 = nn.Parameter(torch.empty(e, h, i, dtype=dtype, device=device))
+        self.decode_kernels: tuple[Callable, Callable] | None = None  # (grouped SwiGLU, grouped GEMV)
+        self.decode_variants: dict[str, str] = {}  # registry op -> variant bound, for receipts
+
+    def bind_decode_kernels(
+        self, variants: dict[str, str], swiglu: Callable | None = None, grouped: Callable | None = None
+    ) -> None:
+        """Run decode rows through the registry's dense grouped kernels (``swiglu(x, w1, w3, route_ids)``
+        then ``grouped(hidden, w2, route_ids)``) from now on; none given: `expert_ffn`'s own path (the
+        registry's "native" variants). `variants` (op -> variant) names what runs, for receipts."""
+        self.decode_kernels = None if swiglu is None or grouped is None else (swiglu, grouped)
+        self.decode_variants = dict(variants)
 
     def forward(
         self, x: torch.Tensor, expert_ids: torch.Tensor, expert_weights: torch.Tensor
     ) -> torch.Tensor:
-        return expert_ffn(x, expert_ids, expert_weights, self.w1, self.w3, self.w2)
+        if self.decode_kernels is None or not takes_decode_path(x.shape[0]):
+            return expert_ffn(x, expert_ids, expert_weights, self.w1, self.w3, self.w2)
+        swiglu, grouped = self.decode_kernels
+        hidden = swiglu(x.contiguous(), self.w1, self.w3, expert_ids)  # [N, k, inter]
+        y = grouped(hidden, self.w2, expert_ids, out_dtype=torch.float32)  # [N, k, hidden]
+        return (y * expert_weights.unsqueeze(-1)).sum(1).to(x.dtype)
 
 
 class SparseMoE(nn.Module):

@@ -41,7 +41,7 @@ from engine.model.linear import Linear
 from engine.model.loading import parameter_for
 from engine.model.mla import MultiheadLatentAttention
 from engine.model.model import KimiLinearForCausalLM
-from engine.model.moe import SparseMoE
+from engine.model.moe import ExpertBank, SparseMoE
 from engine.progress import ProgressFactory, no_progress
 from engine.quant.artifact import Artifact, stored_weight
 from engine.quant.build import Unit, encode_unit, plan_units
@@ -225,15 +225,19 @@ def use_kernels(model: KimiLinearForCausalLM, kernels: dict[str, str] | None = N
 
 def kernel_variants(model: KimiLinearForCausalLM) -> dict[str, str]:
     """The variant bound for each kernel operation the model calls (for a dense model: the decode GEMV of
-    its Linears where one is bound, else empty)."""
+    its Linears and the grouped kernels of its expert banks where bound, else empty)."""
     found: dict[str, str] = {}
+    packed = False
     dense_gemv = None  # of plain Linears with a decode GEMV bound (engine.kernels.linear)
     for module in model.modules():
         if isinstance(module, PackedLinear | PackedExpertBank):
+            packed = True
             found.update({op: selection.variant.name for op, selection in module.kernels.items()})
         elif isinstance(module, Linear) and module.decode_variant:
             dense_gemv = module.decode_variant
-    if found:  # a packed model: the fused decode kernels were bound with the same selections
+        elif isinstance(module, ExpertBank):
+            found.update(module.decode_variants)
+    if packed:  # the fused decode kernels were bound with the same selections
         found.update(fused_variants(model))
     if dense_gemv is not None:
         found["w16a16_gemv"] = dense_gemv

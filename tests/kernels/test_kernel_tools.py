@@ -28,7 +28,9 @@ def test_kernels_command_lists_defaults_and_explains_the_cpu():
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("-> selected on cpu: reference (shipped default)") == 5  # 2 GEMV ops, 3 fused
     assert result.stdout.count("-> selected on cpu: int4pack (shipped default)") == 1
-    assert result.stdout.count("-> selected on cpu: cpp (shipped default)") == 3
+    assert (
+        result.stdout.count("-> selected on cpu: cpp (shipped default)") == 5
+    )  # dense + 2 INT4, 2 dense banks
     assert "default(cuda)" in result.stdout
     assert "set TRITON_INTERPRET=1 before triton is first imported" in result.stdout
 

@@ -5,6 +5,7 @@ from click.testing import CliRunner
 import runners.decode as decode_runner
 from engine.cli_options import default_dtype_name
 from engine.kernels.defaults import SHIPPED_DEFAULTS
+from engine.kernels.linear import DENSE_EXPERT_OPS
 from engine.quant import decode_bytes_per_token, make_plan
 from engine.runtime import Engine, open_model_source
 from engine.runtime.decode import DecodeRunner
@@ -70,8 +71,8 @@ def test_decode_runner_writes_one_valid_receipt_per_context(tmp_path):
         assert r["derived"]["fraction_of_roofline"] > 0
         assert r["memory_cap"]["cap_gib"] == 16.0 and r["memory_cap"]["peak_rss_gib"] > 0
         assert r["config"]["cuda_graphs"] is False and "Engine" in r["config"]["decode"]
-        # Dense Linears (FP32 or BF16) decode through the shipped CPU w16a16_gemv.
-        dense_gemv = {"w16a16_gemv": SHIPPED_DEFAULTS["cpu"]["w16a16_gemv"]}
+        # Dense Linears (FP32 or BF16) and expert banks decode through the shipped CPU kernels.
+        dense_gemv = {op: SHIPPED_DEFAULTS["cpu"][op] for op in ("w16a16_gemv", *DENSE_EXPERT_OPS)}
         assert r["config"]["kernel_variants"] == dense_gemv and r["config"]["quant"] == "none"
         assert r["config"]["decode_step"] == "eager" and r["config"]["compile_s"] is None  # KIMI_DECODE_STEP
         assert r["config"]["threads"] == 1

@@ -8,6 +8,7 @@ from click.testing import CliRunner
 
 from engine.cli_options import default_dtype_name
 from engine.kernels.defaults import SHIPPED_DEFAULTS
+from engine.kernels.linear import DENSE_EXPERT_OPS
 from harness import figures
 from harness.receipt import load_receipt, receipt_paths
 from runners.cli import main
@@ -45,7 +46,8 @@ def test_the_engine_runs_the_checkpoint_and_its_int4_artifact_through_the_runtim
         )
         for kind in ("dense", "int4")
     }
-    assert runs["dense"].kernel_variants == {"w16a16_gemv": SHIPPED_DEFAULTS["cpu"]["w16a16_gemv"]}
+    dense_ops = ("w16a16_gemv", *DENSE_EXPERT_OPS)
+    assert runs["dense"].kernel_variants == {op: SHIPPED_DEFAULTS["cpu"][op] for op in dense_ops}
     cpu_defaults = {op: SHIPPED_DEFAULTS["cpu"][op] for op in runs["int4"].kernel_variants}
     assert runs["int4"].kernel_variants == cpu_defaults and "int4pack" in cpu_defaults.values()
     for run in runs.values():
@@ -99,8 +101,8 @@ def test_head_to_head_on_tiny_writes_engine_and_llama_receipts_and_stops_the_ser
     engines = {"f16": f"engine.{label}.{dtype}", "q4_0": f"engine.{label}.{dtype}.int4-default"}
     assert set(receipts) == {*engines.values(), f"llama.cpp.{label}.f16", f"llama.cpp.{label}.q4_0"}
     dense, int4 = receipts[engines["f16"]], receipts[engines["q4_0"]]
-    # Dense Linears (FP32 or BF16) decode through the shipped CPU w16a16_gemv.
-    dense_gemv = {"w16a16_gemv": SHIPPED_DEFAULTS["cpu"]["w16a16_gemv"]}
+    # Dense Linears (FP32 or BF16) and expert banks decode through the shipped CPU kernels.
+    dense_gemv = {op: SHIPPED_DEFAULTS["cpu"][op] for op in ("w16a16_gemv", *DENSE_EXPERT_OPS)}
     assert dense["config"]["kernel_variants"] == dense_gemv and dense["config"]["quant"] is None
     assert int4["config"]["quant"]["name"] == "default" and int4["config"]["quant"]["group_size"] == 32
     assert int4["config"]["kernel_variants"]["w4a16_grouped_swiglu"] == "cpp"  # the CPU defaults

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from engine.kernels.defaults import SHIPPED_DEFAULTS
+from engine.kernels.linear import DENSE_EXPERT_OPS
 from engine.model.kda import KimiDeltaAttention, kda_chunked
 from engine.model.mla import MultiheadLatentAttention
 from engine.model.mlp import MLP
@@ -57,9 +58,11 @@ def test_the_built_model_is_in_its_final_form_and_computes_the_plain_logits(rng,
     fused = [m for m in built.model.modules() if isinstance(m, KimiDeltaAttention | MLP)]
     assert all(m._input_projections is not None for m in fused if isinstance(m, KimiDeltaAttention))
     assert all(m._gate_up is not None for m in fused if isinstance(m, MLP))
-    # A dense model binds only the decode GEMV of its Linears; a packed one its packed kernels too.
+    # A dense model binds only the decode GEMV of its Linears and the grouped kernels of its expert banks;
+    # a packed one its packed kernels too.
+    dense_ops = {"w16a16_gemv", *DENSE_EXPERT_OPS}
     assert built.kernel_variants.get("w16a16_gemv") == SHIPPED_DEFAULTS["cpu"]["w16a16_gemv"]
-    assert (set(built.kernel_variants) != {"w16a16_gemv"}) == (quant is not None)
+    assert (set(built.kernel_variants) != dense_ops) == (quant is not None)
 
     plain = source.load(CPU, torch.float32)  # same seed, same weights; nothing frozen or fused
     tokens = torch.tensor([random_prompt(rng, 70)])
