@@ -36,6 +36,7 @@ from engine.cli_options import (
     resolve_memory_cap,
     synthetic_option,
 )
+from engine.kernels.defaults import SHIPPED_DEFAULTS
 from engine.model import SamplingParams
 from engine.runtime import (
     LOAD_ERRORS,
@@ -64,6 +65,13 @@ UNITS = {
     "decoded_per_step": "sequences",
     "speedup_vs_c1": "ratio",
 }
+
+
+def _selection_suffix(variants: dict[str, str], device: torch.device) -> str:
+    """``.op-variant`` for each kernel chosen away from the shipped default (KIMI_KERNELS), so such a run's
+    receipts never stand in for the default's; empty for the defaults."""
+    defaults = SHIPPED_DEFAULTS.get(device.type, {})
+    return "".join(f".{op}-{name}" for op, name in sorted(variants.items()) if defaults.get(op) != name)
 
 
 def run_round(scheduler: Scheduler, prompts: list[list[int]], gen_tokens: int) -> dict[str, list[float]]:
@@ -221,7 +229,7 @@ def batching_command(synthetic, device, dtype, concurrency, prompt_tokens, gen_t
         written.append(
             write_receipt(
                 "batching",
-                f"{label}.{dtype}.{engine.step}.c{c}",
+                f"{label}.{dtype}.{engine.step}{_selection_suffix(config['kernel_variants'], engine.device)}.c{c}",
                 config={**config, "concurrency": c},
                 samples=samples,
                 units={k: UNITS[k] for k in [*samples, *derived]},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from click.testing import CliRunner
 
 from harness.receipt import load_receipt, receipt_paths
@@ -35,6 +36,16 @@ def test_the_batching_runner_writes_one_receipt_per_concurrency(tmp_path, monkey
         assert max(r["samples"]["decoded_per_step"]) == c  # the c requests decoded together
         assert r["units"]["speedup_vs_c1"] == "ratio" and r["memory_cap"]["peak_rss_gib"] > 0
     assert receipts[1]["derived"]["speedup_vs_c1"] == 1.0 and receipts[2]["derived"]["speedup_vs_c1"] > 0
+    assert receipts[1]["name"] == "synthetic-tiny.fp32.eager.c1"  # the shipped kernels: no suffix
+    assert receipts[1]["config"]["kernel_variants"]["w16a16_grouped_swiglu"] == "cpp"
+
+
+def test_kernels_chosen_away_from_the_defaults_name_the_receipts():
+    from runners.batching import _selection_suffix
+
+    chosen = {"w16a16_gemv": "cpp", "w16a16_grouped_gemv": "native", "w16a16_grouped_swiglu": "native"}
+    suffix = _selection_suffix(chosen, torch.device("cpu"))
+    assert suffix == ".w16a16_grouped_gemv-native.w16a16_grouped_swiglu-native"
 
 
 def test_a_bad_concurrency_is_a_clear_error(tmp_path):
