@@ -351,8 +351,9 @@ at::Tensor dense_grouped(const at::Tensor& x, const at::Tensor& gate, const c10:
   for (int64_t e = 0; e < experts; ++e) {
     if (start[e + 1] > start[e]) chosen.push_back(e);
   }
-  at::Tensor source = at::empty({routes}, ids.options());
-  for (int64_t j = 0; j < routes; ++j) source.data_ptr<int64_t>()[j] = per_slot ? order[j] : order[j] / slots;
+  at::Tensor source = at::empty({routes}, ids.options());  // the row of x each sorted route reads
+  int64_t* src = source.data_ptr<int64_t>();
+  for (int64_t j = 0; j < routes; ++j) src[j] = per_slot ? order[j] : order[j] / slots;
 #if defined(__AVX512BF16__)
   const bool bf16_pairs = x.scalar_type() == at::kBFloat16 && gate.scalar_type() == at::kBFloat16;
 #else

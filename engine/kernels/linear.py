@@ -48,6 +48,7 @@ def bind_dense_decode_gemvs(
     selection = registry.select("w16a16_gemv", chosen.get("w16a16_gemv"), device)
     experts = {op: registry.select(op, chosen.get(op), device).variant for op in DENSE_EXPERT_OPS}
     swiglu, grouped = experts.values()
+    names = {op: v.name for op, v in experts.items()}
     bound = None
     for module in model.modules():
         if type(module) is Linear and module.weight.dtype in DENSE_DTYPES:
@@ -57,7 +58,6 @@ def bind_dense_decode_gemvs(
                 module.bind_decode_gemv(selection.variant.name, selection.variant.fn)
                 bound = selection.variant.name
         elif type(module) is ExpertBank and module.w1.dtype in DENSE_DTYPES:
-            names = {op: v.name for op, v in experts.items()}
             if "native" in names.values():  # both run as expert_ffn's own gathered path
                 module.bind_decode_kernels(dict.fromkeys(names, "native"))
             else:

@@ -148,7 +148,12 @@ def _expert_ffn_gathered(x, expert_ids, expert_weights, w1, w3, w2):
     xs = x.unsqueeze(1).expand(-1, top_k, -1).reshape(-1, x.shape[-1], 1)  # [N*k, hidden, 1]
     hidden = F.silu(torch.bmm(w1[ids], xs)) * torch.bmm(w3[ids], xs)
     out = torch.bmm(w2[ids], hidden).view(n_tokens, top_k, -1)
-    return (out.float() * expert_weights.unsqueeze(-1)).sum(1).to(x.dtype)
+    return _weighted_sum(out, expert_weights, x.dtype)
+
+
+def _weighted_sum(out: torch.Tensor, expert_weights: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Each row's expert outputs [N, k, hidden] weighted by its router weights [N, k] and summed in FP32."""
+    return (out.float() * expert_weights.unsqueeze(-1)).sum(1).to(dtype)
 
 
 def grouped_expert_ffn(
@@ -224,7 +229,7 @@ class ExpertBank(nn.Module):
         swiglu, grouped = self.decode_kernels
         hidden = swiglu(x.contiguous(), self.w1, self.w3, expert_ids)  # [N, k, inter]
         y = grouped(hidden, self.w2, expert_ids, out_dtype=torch.float32)  # [N, k, hidden]
-        return (y * expert_weights.unsqueeze(-1)).sum(1).to(x.dtype)
+        return _weighted_sum(y, expert_weights, x.dtype)
 
 
 class SparseMoE(nn.Module):
