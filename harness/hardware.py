@@ -37,13 +37,18 @@ def describe() -> dict:
 
 
 def hardware_id(desc: dict) -> str:
-    """A short stable id that groups receipts: 'NVIDIA-H200' (x2 when several) or 'cpu-2c-Intel-Xeon-Processor'."""
+    """A short stable id that groups receipts: 'NVIDIA-H200' (x2 when several) or, for a CPU, its cores, model and
+    widest vector tier: 'cpu-2c-AMD-EPYC-avx512bf16'."""
     if desc["gpus"]:
         name = _slug(desc["gpus"][0]["name"])
         count = len(desc["gpus"])
         return name if count == 1 else f"{name}-x{count}"
     cpu = desc["cpu"]
-    return f"cpu-{cpu['logical_cores']}c-{_slug(cpu['model'])}"
+    base = f"cpu-{cpu['logical_cores']}c-{_slug(cpu['model'])}"
+    if "vector_flags" not in cpu:  # a descriptor that did not record them (an import) keeps the plain id
+        return base
+    tier = vector_tier(cpu["vector_flags"])
+    return f"{base}-{tier}" if tier else base
 
 
 def _slug(text: str) -> str:
@@ -111,6 +116,15 @@ def _text(value) -> str | None:
 # The vector extensions the engine's CPU paths depend on (BF16 default, AVX-512 kernels): two machines of
 # one model name may differ in them, and their numbers then differ too.
 VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+# Widest first: the tier a CPU's id names. Two machines of one model name (an AVX-512 BF16 EPYC and an
+# AVX2-only one) decode at different speeds and must not share an id.
+VECTOR_TIERS = (("amx", "amx_tile"), ("avx512bf16", "avx512_bf16"), ("avx512", "avx512f"), ("avx2", "avx2"))
+
+
+def vector_tier(flags: list[str]) -> str | None:
+    """The widest tier of VECTOR_TIERS among `flags` (None when it has none of them)."""
+    return next((tier for tier, flag in VECTOR_TIERS if flag in flags), None)
 
 
 def _cpu() -> dict:

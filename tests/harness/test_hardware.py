@@ -18,6 +18,20 @@ def test_cpu_descriptor_is_complete_without_gpu(monkeypatch):
     assert set(desc["git"]) == {"commit", "dirty"}
 
 
+def test_a_cpus_id_names_its_widest_vector_tier():
+    cpu = {"logical_cores": 2, "model": "AMD EPYC"}
+
+    def cpu_id(**fields):
+        return hardware.hardware_id({"gpus": [], "cpu": cpu | fields})
+
+    assert cpu_id(vector_flags=["avx2", "fma", "avx512f", "avx512_bf16"]) == "cpu-2c-AMD-EPYC-avx512bf16"
+    assert cpu_id(vector_flags=["avx2", "fma", "avx512f"]) == "cpu-2c-AMD-EPYC-avx512"
+    assert cpu_id(vector_flags=["avx2", "fma"]) == "cpu-2c-AMD-EPYC-avx2"
+    assert cpu_id(vector_flags=["avx2", "avx512f", "avx512_bf16", "amx_tile"]) == "cpu-2c-AMD-EPYC-amx"
+    assert cpu_id(vector_flags=[]) == "cpu-2c-AMD-EPYC"  # none of the tiers (an ARM core)
+    assert cpu_id() == "cpu-2c-AMD-EPYC"  # not recorded (an imported descriptor)
+
+
 def test_nvml_init_failure_is_explained(monkeypatch):
     fake = types.ModuleType("pynvml")
 

@@ -53,6 +53,14 @@ def test_import_writes_one_valid_receipt_per_case(tmp_path):
     assert "Microbenchmarks" in render(results) and "k3.turn.chat.parse" in render(results)
 
 
+def test_py_cpuinfos_flags_name_the_vector_tier():
+    data = _fixture()
+    data["machine_info"]["cpu"]["flags"] = ["avx", "avx2", "fma", "avx512f", "avx512_bf16"]
+    (receipt, *_) = receipts_from_runs([(data, "x.json")])
+    assert receipt["hardware"]["cpu"]["vector_flags"] == ["avx2", "fma", "avx512f", "avx512_bf16"]
+    assert receipt["hardware"]["hardware_id"] == "cpu-2c-AMD-EPYC-avx512bf16"
+
+
 def test_the_projects_descriptor_is_kept_when_the_benchmarks_recorded_it():
     data = _fixture()
     data["machine_info"]["local_kimi"] = {"hardware_id": "NVIDIA-H200", "gpus": [{"name": "NVIDIA H200"}]}
