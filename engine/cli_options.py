@@ -138,5 +138,5 @@ kda_kernel_option = click.option(
     type=click.Choice(KDA_KERNELS),
     default="auto",
     show_default=True,
-    help="KDA prefill kernel: torch, cpp (CPU: intra-block scores in C++), fla (GPU); auto: fla or cpp, else torch.",
+    help="KDA prefill kernel: torch, cpp (CPU: the chunked form in C++), fla (GPU); auto: fla or cpp, else torch.",
 )

@@ -10,7 +10,7 @@
 // meet one contiguous run of x and its high nibbles the next. Each row accumulates per lane, the group
 // scale applied to each group's lanes, and sums its lanes once at the end.
 //
-// Also KDA prefill's intra-block scores (kda_block_scores), whose decays are formed in registers.
+// Also KDA's chunked prefill (kda_chunk), a whole (batch, head) sequence per task.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -513,42 +513,220 @@ inline void pair_scores(const float* qt, const float* kt, const float* gt, const
   *m = sum_m;
 }
 
-// KDA's intra-chunk scores inside blocks of `block` tokens (engine/model/kda.py, _intra_chunk_scores,
-// whose torch form is the reference): for q, k, gamma [R, T, D] FP32 with T a multiple of `block`,
-// a[r, j, t, s] = sum_d k_td k_sd e^(g_td - g_sd) for s < t and m[r, j, t, s] = sum_d q_td k_sd e^(g_td - g_sd)
-// for s <= t, t and s the tokens of block j; exponents clamped to [floor, 0]; zero above the diagonal.
-// Each pair's decays are formed in registers, never as a [block, block, D] tensor.
-std::tuple<at::Tensor, at::Tensor> kda_block_scores(const at::Tensor& q, const at::Tensor& k, const at::Tensor& gamma,
-                                                    int64_t block, double floor) {
-  TORCH_CHECK(q.dim() == 3 && q.sizes() == k.sizes() && q.sizes() == gamma.sizes(), "q, k, gamma must be [R, T, D]");
-  TORCH_CHECK(q.scalar_type() == at::kFloat && k.scalar_type() == at::kFloat && gamma.scalar_type() == at::kFloat,
-              "kda_block_scores takes FP32 q, k, gamma");
-  TORCH_CHECK(block > 0 && q.size(1) % block == 0, "the token count must be a multiple of the block");
-  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), gc = gamma.contiguous();
-  const int64_t rows = q.size(0), tokens = q.size(1), d_k = q.size(2), blocks = tokens / block;
-  at::Tensor a = at::zeros({rows, blocks, block, block}, q.options());
-  at::Tensor m = at::zeros({rows, blocks, block, block}, q.options());
-  const float *qp = qc.data_ptr<float>(), *kp = kc.data_ptr<float>(), *gp = gc.data_ptr<float>();
-  float *ap = a.data_ptr<float>(), *mp = m.data_ptr<float>();
-  const float lo = static_cast<float>(floor);
-  at::parallel_for(0, rows * blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t first = item * block;  // the block's first token, counted over all rows
-      float* ab = ap + item * block * block;
-      float* mb = mp + item * block * block;
-      for (int64_t t = 0; t < block; ++t) {
-        const int64_t row_t = (first + t) * d_k;
-        for (int64_t s = 0; s <= t; ++s) {
-          const int64_t row_s = (first + s) * d_k;
+// e^clamp(x, lo, 0) elementwise, n values: the decays of KDA's chunked form, every exponent <= 0.
+inline void exp_clamped(const float* x, float lo, int64_t n, float* out) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 lowest = _mm512_set1_ps(lo), zero = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_max_ps(_mm512_min_ps(_mm512_loadu_ps(x + i), zero), lowest);
+    _mm512_storeu_ps(out + i, exp_nonpositive(v));
+  }
+#endif
+  for (; i < n; ++i) out[i] = std::exp(std::max(std::min(x[i], 0.f), lo));
+}
+
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+  float sum = 0.f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+#if defined(__AVX512F__)
+// R rows of out[:, o0:o0 + 64] (+)= x[R, n_in] w[n_in, o0:o0 + 64]: 4R accumulators in registers, each row of
+// w loaded once for the R rows.
+template <int R>
+inline void rows_times_tile(const float* x, int64_t ldx, const float* w, int64_t n_in, int64_t ldw, float* out,
+                            int64_t ldo, bool accumulate) {
+  __m512 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) acc[r][j] = accumulate ? _mm512_loadu_ps(out + r * ldo + 16 * j) : _mm512_setzero_ps();
+  for (int64_t i = 0; i < n_in; ++i) {
+    const float* wi = w + i * ldw;
+    const __m512 w0 = _mm512_loadu_ps(wi), w1 = _mm512_loadu_ps(wi + 16), w2 = _mm512_loadu_ps(wi + 32),
+                 w3 = _mm512_loadu_ps(wi + 48);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xr = _mm512_set1_ps(x[r * ldx + i]);
+      acc[r][0] = _mm512_fmadd_ps(xr, w0, acc[r][0]);
+      acc[r][1] = _mm512_fmadd_ps(xr, w1, acc[r][1]);
+      acc[r][2] = _mm512_fmadd_ps(xr, w2, acc[r][2]);
+      acc[r][3] = _mm512_fmadd_ps(xr, w3, acc[r][3]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < 4; ++j) _mm512_storeu_ps(out + r * ldo + 16 * j, acc[r][j]);
+}
+#endif
+
+// out[r, :] (+)= x[r, :n_in] w[:n_in, :] for r < rows; w [n_in, n_out] contiguous, x and out of row strides
+// ldx and ldo. The small matrix products of one KDA chunk (64 x 128 by 128 x 128 and smaller).
+void rows_times(const float* x, int64_t ldx, int64_t rows, const float* w, int64_t n_in, int64_t n_out, float* out,
+                int64_t ldo, bool accumulate) {
+#if defined(__AVX512F__)
+  if (n_out % 64 == 0) {
+    for (int64_t o = 0; o < n_out; o += 64) {
+      int64_t r = 0;
+      for (; r + 4 <= rows; r += 4)
+        rows_times_tile<4>(x + r * ldx, ldx, w + o, n_in, n_out, out + r * ldo + o, ldo, accumulate);
+      for (; r < rows; ++r) rows_times_tile<1>(x + r * ldx, ldx, w + o, n_in, n_out, out + r * ldo + o, ldo, accumulate);
+    }
+    return;
+  }
+#endif
+  for (int64_t r = 0; r < rows; ++r) {
+    float* o = out + r * ldo;
+    if (!accumulate) std::fill(o, o + n_out, 0.f);
+    for (int64_t i = 0; i < n_in; ++i) {
+      const float xi = x[r * ldx + i];
+      const float* wi = w + i * n_out;
+#pragma omp simd
+      for (int64_t j = 0; j < n_out; ++j) o[j] += xi * wi[j];
+    }
+  }
+}
+
+// KDA's chunked prefill for one (batch, head) sequence of q, k, v, g [T, D] (token stride `ld`), beta (stride
+// `ld_beta`), and its FP32 state s [d_k, d_v], updated in place: engine/model/kda.py, `kda_chunked`, whose
+// torch form is the reference and whose docstring derives the algebra. Per chunk of `chunk` tokens:
+// gamma = cumsum(g); the scores A (strictly lower) and M (lower) inside blocks of `block` tokens pair by pair,
+// between a block and the tokens after it through the block's last token b, e^(gamma_t - gamma_b) and
+// e^(gamma_b - gamma_s) (every exponent <= 0, clamped at `lo`); then U by forward substitution from
+// beta (V - (K e^gamma) S), O = (Q e^gamma) S + M U and S = e^gamma_end S + (K e^(gamma_end - gamma))^T U.
+struct KdaScratch {
+  std::vector<float> q, k, v, gamma, decay, a, m, u, kt, tmp;
+  KdaScratch(int64_t c, int64_t dk, int64_t dv)
+      : q(c * dk), k(c * dk), v(c * dv), gamma(c * dk), decay(c * dk), a(c * c), m(c * c), u(c * dv), kt(dk * c),
+        tmp(c * dk) {}
+};
+
+void kda_sequence(const float* qp, const float* kp, const float* vp, const float* gp, const float* bp, int64_t ld,
+                  int64_t ld_beta, float* op, float* s, int64_t tokens, int64_t dk, int64_t dv, int64_t chunk,
+                  int64_t block, float lo, KdaScratch& w) {
+  for (int64_t c0 = 0; c0 < tokens; c0 += chunk) {
+    const int64_t n = std::min(chunk, tokens - c0);
+    float *q = w.q.data(), *k = w.k.data(), *v = w.v.data(), *gam = w.gamma.data(), *dec = w.decay.data();
+    float *a = w.a.data(), *m = w.m.data(), *u = w.u.data(), *kt = w.kt.data(), *tmp = w.tmp.data();
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t row = (c0 + t) * ld;
+      std::copy(qp + row, qp + row + dk, q + t * dk);
+      std::copy(kp + row, kp + row + dk, k + t * dk);
+      std::copy(vp + row, vp + row + dv, v + t * dv);
+      const float* g = gp + row;
+      float* gt = gam + t * dk;
+      const float* prev = t ? gam + (t - 1) * dk : nullptr;
+      for (int64_t d = 0; d < dk; ++d) gt[d] = (prev ? prev[d] : 0.f) + g[d];
+    }
+    std::fill(a, a + n * n, 0.f);
+    std::fill(m, m + n * n, 0.f);
+    for (int64_t b0 = 0; b0 < n; b0 += block) {
+      const int64_t b1 = std::min(n, b0 + block);
+      for (int64_t t = b0; t < b1; ++t)
+        for (int64_t s2 = b0; s2 <= t; ++s2) {
           float score_a, score_m;
-          pair_scores(qp + row_t, kp + row_t, gp + row_t, kp + row_s, gp + row_s, d_k, lo, &score_a, &score_m);
-          if (s < t) ab[t * block + s] = score_a;
-          mb[t * block + s] = score_m;
+          pair_scores(q + t * dk, k + t * dk, gam + t * dk, k + s2 * dk, gam + s2 * dk, dk, lo, &score_a, &score_m);
+          if (s2 < t) a[t * n + s2] = score_a;
+          m[t * n + s2] = score_m;
+        }
+      if (b1 == n) break;
+      const float* boundary = gam + (b1 - 1) * dk;
+      // The block's keys decayed to its last token: tmp[s] = k_s e^(gamma_b - gamma_s).
+      for (int64_t s2 = b0; s2 < b1; ++s2) {
+        float* row = tmp + (s2 - b0) * dk;
+        for (int64_t d = 0; d < dk; ++d) row[d] = boundary[d] - gam[s2 * dk + d];
+        exp_clamped(row, lo, dk, row);
+        for (int64_t d = 0; d < dk; ++d) row[d] *= k[s2 * dk + d];
+      }
+      for (int64_t t = b1; t < n; ++t) {  // each later token decayed from the boundary: e^(gamma_t - gamma_b)
+        float* e = dec + t * dk;
+        for (int64_t d = 0; d < dk; ++d) e[d] = gam[t * dk + d] - boundary[d];
+        exp_clamped(e, lo, dk, e);
+        float* kd = kt;  // scratch rows: k_t e and q_t e
+        float* qd = kt + dk;
+        for (int64_t d = 0; d < dk; ++d) {
+          kd[d] = k[t * dk + d] * e[d];
+          qd[d] = q[t * dk + d] * e[d];
+        }
+        for (int64_t s2 = b0; s2 < b1; ++s2) {
+          const float* ks = tmp + (s2 - b0) * dk;
+          a[t * n + s2] = dot_f32(kd, ks, dk);
+          m[t * n + s2] = dot_f32(qd, ks, dk);
         }
       }
     }
+    // e^gamma_t (reading the entering state), k e^gamma and q e^gamma in place of k and q.
+    exp_clamped(gam, lo, n * dk, dec);
+    const float* end = gam + (n - 1) * dk;
+    // U = beta (V - (K e^gamma) S), then forward substitution of (I + diag(beta) A).
+    for (int64_t i = 0; i < n * dk; ++i) tmp[i] = k[i] * dec[i];
+    rows_times(tmp, dk, n, s, dk, dv, u, dv, false);
+    for (int64_t t = 0; t < n; ++t) {
+      const float beta = bp[(c0 + t) * ld_beta];
+      float* ut = u + t * dv;
+      const float* vt = v + t * dv;
+      for (int64_t j = 0; j < dv; ++j) ut[j] = beta * (vt[j] - ut[j]);
+      if (t == 0) continue;
+      float* row = kt;  // -beta A[t, :t] as the row that multiplies U[:t]
+      for (int64_t s2 = 0; s2 < t; ++s2) row[s2] = -beta * a[t * n + s2];
+      rows_times(row, t, 1, u, t, dv, ut, dv, true);
+    }
+    // O = (Q e^gamma) S + M U.
+    for (int64_t i = 0; i < n * dk; ++i) tmp[i] = q[i] * dec[i];
+    float* o = v;  // v is consumed: O is formed in its place, then written out
+    rows_times(tmp, dk, n, s, dk, dv, o, dv, false);
+    rows_times(m, n, n, u, n, dv, o, dv, true);
+    for (int64_t t = 0; t < n; ++t) std::copy(o + t * dv, o + (t + 1) * dv, op + (c0 + t) * ld);
+    // S = e^gamma_end S + (K e^(gamma_end - gamma))^T U, the keys transposed to rows of d.
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t d = 0; d < dk; ++d) tmp[t * dk + d] = end[d] - gam[t * dk + d];
+    exp_clamped(tmp, lo, n * dk, tmp);
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t d = 0; d < dk; ++d) kt[d * n + t] = k[t * dk + d] * tmp[t * dk + d];
+    exp_clamped(end, lo, dk, tmp);
+    for (int64_t d = 0; d < dk; ++d) {
+      float* row = s + d * dv;
+      const float e = tmp[d];
+      for (int64_t j = 0; j < dv; ++j) row[j] *= e;
+    }
+    rows_times(kt, n, dk, u, n, dv, s, dv, true);
+  }
+}
+
+// q, k, g [B, T, H, d_k], v [B, T, H, d_v] FP32 (normalised and scaled as the model hands them), beta [B, T, H],
+// state [B, H, d_k, d_v] FP32 (updated in place) -> o [B, T, H, d_v]. One task per (batch, head).
+at::Tensor kda_chunk(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                     const at::Tensor& beta, at::Tensor state, int64_t chunk, int64_t block, double floor) {
+  TORCH_CHECK(q.dim() == 4 && q.sizes() == k.sizes() && q.sizes() == g.sizes(), "q, k, g must be [B, T, H, d_k]");
+  TORCH_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
+              "v must be [B, T, H, d_v]");
+  TORCH_CHECK(beta.dim() == 3 && beta.size(0) == q.size(0) && beta.size(1) == q.size(1) && beta.size(2) == q.size(2),
+              "beta must be [B, T, H]");
+  TORCH_CHECK(state.dim() == 4 && state.size(0) == q.size(0) && state.size(1) == q.size(2) &&
+                  state.size(2) == q.size(3) && state.size(3) == v.size(3),
+              "state must be [B, H, d_k, d_v]");
+  for (const at::Tensor& t : {q, k, v, g, beta, state})
+    TORCH_CHECK(t.scalar_type() == at::kFloat, "kda_chunk takes FP32 tensors");
+  TORCH_CHECK(state.is_contiguous(), "the state must be contiguous (it is updated in place)");
+  TORCH_CHECK(chunk > 0 && block > 0, "chunk and block must be positive");
+  const int64_t batch = q.size(0), tokens = q.size(1), heads = q.size(2), dk = q.size(3), dv = v.size(3);
+  TORCH_CHECK(dk == dv, "kda_chunk takes d_k == d_v (the layout of every KDA preset)");
+  const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous(), gc = g.contiguous();
+  const at::Tensor bc = beta.contiguous();
+  at::Tensor out = at::empty_like(vc);
+  const int64_t ld = heads * dk, ld_beta = heads;
+  const float *qp = qc.data_ptr<float>(), *kp = kc.data_ptr<float>(), *vp = vc.data_ptr<float>();
+  const float *gp = gc.data_ptr<float>(), *bp = bc.data_ptr<float>();
+  float *op = out.data_ptr<float>(), *sp = state.data_ptr<float>();
+  const float lo = static_cast<float>(floor);
+  at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
+    KdaScratch scratch(chunk, dk, dv);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t b = item / heads, h = item % heads, first = b * tokens * ld + h * dk;
+      kda_sequence(qp + first, kp + first, vp + first, gp + first, bp + b * tokens * heads + h, ld, ld_beta,
+                   op + first, sp + item * dk * dv, tokens, dk, dv, chunk, block, lo, scratch);
+    }
   });
-  return {a, m};
+  return out;
 }
 
 }  // namespace
@@ -568,7 +746,7 @@ TORCH_LIBRARY(kimi_cpp_cpu, m) {
   m.def("mm(Tensor x, Tensor codes, Tensor scales, int group) -> Tensor");
   m.def("dense_mm(Tensor x, Tensor weight) -> Tensor");
   m.def("dense_grouped(Tensor x, Tensor gate, Tensor? up, Tensor route_ids) -> Tensor");
-  m.def("kda_block_scores(Tensor q, Tensor k, Tensor gamma, int block, float floor) -> (Tensor, Tensor)");
+  m.def("kda_chunk(Tensor q, Tensor k, Tensor v, Tensor g, Tensor beta, Tensor(a!) state, int chunk, int block, float floor) -> Tensor");
   m.def("grouped(Tensor x, Tensor codes, Tensor scales, Tensor route_ids, int group) -> Tensor");
   m.def(
       "grouped_swiglu(Tensor x, Tensor gate, Tensor gate_scales, Tensor up, Tensor up_scales, "
@@ -579,7 +757,7 @@ TORCH_LIBRARY_IMPL(kimi_cpp_cpu, CPU, m) {
   m.impl("mm", &w4a16_mm);
   m.impl("dense_mm", &dense_mm);
   m.impl("dense_grouped", &dense_grouped);
-  m.impl("kda_block_scores", &kda_block_scores);
+  m.impl("kda_chunk", &kda_chunk);
   m.impl("grouped", &w4a16_grouped);
   m.impl("grouped_swiglu", &w4a16_grouped_swiglu);
 }

@@ -1,6 +1,5 @@
 """W4A16, and the dense GEMV of the LM head and the projections, on the CPU through our own C++ kernels
-(cpp_cpu.cpp), FP32 sums; and KDA prefill's intra-block scores (`kda_block_scores`, used by
-engine.runtime.kda_kernels).
+(cpp_cpu.cpp), FP32 sums; and KDA's chunked prefill (`kda_chunk`, used by engine.runtime.kda_kernels).
 
 They read the artifact's INT4 layout as stored (no repacked copy) and run each operation as one call:
 the dense GEMV reads each weight row once for all rows of ``x``; the expert ops loop over the routes
@@ -113,10 +112,9 @@ def _register_fakes() -> None:
     def _(x, gate, up, route_ids):
         return x.new_empty((*route_ids.shape, gate.shape[1]), dtype=torch.float32)
 
-    @torch.library.register_fake(f"{NAME}::kda_block_scores")
-    def _(q, k, gamma, block, floor):
-        shape = (q.shape[0], q.shape[1] // block, block, block)
-        return q.new_empty(shape), q.new_empty(shape)
+    @torch.library.register_fake(f"{NAME}::kda_chunk")
+    def _(q, k, v, g, beta, state, chunk, block, floor):
+        return v.new_empty(v.shape)
 
     @torch.library.register_fake(f"{NAME}::grouped")
     def _(x, codes, scales, route_ids, group):
@@ -148,13 +146,25 @@ def flush_denormals() -> None:
         torch.set_flush_denormal(True)
 
 
-def kda_block_scores(
-    q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, block: int, floor: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """KDA prefill's scores inside blocks of `block` tokens (engine.model.kda.BlockScores; `floor` is its
-    EXP_FLOOR): q, k, gamma [R, T, d_k] FP32 -> a, m [R, T / block, block, block]. Each (t, s) pair's
-    decays are formed in registers rather than as a [block, block, d_k] tensor per block."""
-    return _ops().kda_block_scores(q.float(), k.float(), gamma.float(), block, floor)
+def kda_chunk(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    *,
+    chunk: int,
+    block: int,
+    floor: float,
+) -> torch.Tensor:
+    """`engine.model.kda.kda_chunked`'s contract in C++ (inference only): q, k, g [B, T, H, d_k], v [B, T, H, d_v],
+    beta [B, T, H], state [B, H, d_k, d_v] FP32 updated in place -> o [B, T, H, d_v] FP32. One task per
+    (batch, head) runs its chunks in order with every temporary in the core's cache; `chunk`, `block` and
+    `floor` are kda.py's CHUNK_SIZE, SUB_CHUNK and EXP_FLOOR. d_k must equal d_v."""
+    return _ops().kda_chunk(
+        q.float(), k.float(), v.float(), g.float(), beta.float(), state, chunk, block, floor
+    )
 
 
 def _variant(op: str, description: str):

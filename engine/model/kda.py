@@ -29,9 +29,6 @@ _INPUT_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "f_a_proj", "b_proj", "g_a_p
 
 # A KDA prefill kernel: `kda_chunked`'s signature and contract (q, k, v, g, beta, state -> o; state updated).
 ChunkedKernel = Callable[..., torch.Tensor]
-# The scores inside each SUB_CHUNK block, computed elsewhere (a C++ kernel): q, k, gamma [R, T, d_k] FP32 ->
-# (a, m) [R, T / SUB_CHUNK, SUB_CHUNK, SUB_CHUNK], as `_intra_chunk_scores` forms them (zero above the diagonal).
-BlockScores = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 def l2_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -79,7 +76,6 @@ def kda_chunked(
     beta: torch.Tensor,
     state: torch.Tensor,
     chunk_size: int = CHUNK_SIZE,
-    block_scores: BlockScores | None = None,
 ) -> torch.Tensor:
     """Many tokens. q, k [B, T, H, d_k], v [B, T, H, d_v], g [B, T, H, d_k], beta [B, T, H]; state as in
     `kda_recurrent_step`. Returns o [B, T, H, d_v].
@@ -94,20 +90,18 @@ def kda_chunked(
 
     Heads are independent. On the CPU they run one at a time, so each pass's temporaries stay in the
     core's cache (all heads at once ran up to several times slower at a few hundred tokens).
-    `block_scores` computes the scores inside each SUB_CHUNK block (inference only: no gradient).
     """
     if q.device.type != "cpu" or q.shape[2] == 1:
-        return _kda_chunked_heads(q, k, v, g, beta, state, chunk_size, block_scores)
+        return _kda_chunked_heads(q, k, v, g, beta, state, chunk_size)
     heads = [slice(h, h + 1) for h in range(q.shape[2])]
     return torch.cat(
-        [_kda_chunked_heads(q[:, :, h], k[:, :, h], v[:, :, h], g[:, :, h], beta[:, :, h], state[:, h], chunk_size,
-                            block_scores)
+        [_kda_chunked_heads(q[:, :, h], k[:, :, h], v[:, :, h], g[:, :, h], beta[:, :, h], state[:, h], chunk_size)
          for h in heads],
         dim=2,
     )  # fmt: skip
 
 
-def _kda_chunked_heads(q, k, v, g, beta, state, chunk_size, block_scores=None):
+def _kda_chunked_heads(q, k, v, g, beta, state, chunk_size):
     """`kda_chunked` over all of the given heads at once."""
     batch, n_tokens, heads, _ = q.shape
     pad = -n_tokens % chunk_size  # zero tokens (beta = 0, g = 0) leave the state and the real outputs alone
@@ -128,7 +122,7 @@ def _kda_chunked_heads(q, k, v, g, beta, state, chunk_size, block_scores=None):
     for first in range(0, n_chunks, group):
         part = slice(first, min(first + group, n_chunks))
         gamma = g[:, :, part].cumsum(-2)
-        a, m = _intra_chunk_scores(q[:, :, part], k[:, :, part], gamma, block_scores)
+        a, m = _intra_chunk_scores(q[:, :, part], k[:, :, part], gamma)
         bp = beta[:, :, part].unsqueeze(-1)
         lower = torch.eye(chunk_size, dtype=q.dtype, device=q.device) + bp * a
         w = torch.linalg.solve_triangular(
@@ -148,35 +142,27 @@ def _kda_chunked_heads(q, k, v, g, beta, state, chunk_size, block_scores=None):
 
 
 def _intra_chunk_scores(
-    q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor, block_scores: BlockScores | None = None
+    q: torch.Tensor, k: torch.Tensor, gamma: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A (strictly lower) and M (lower, with diagonal) of `kda_chunked` for chunks q, k, gamma [..., C, d_k].
 
-    Inside blocks of SUB_CHUNK tokens the decay e^(gamma_t - gamma_s) is formed element by element (here,
-    or by `block_scores` for all blocks at once); between a block and the tokens after it, it factors
-    through the block's last token b as e^(gamma_t - gamma_b) * e^(gamma_b - gamma_s) (both exponents
-    <= 0), so those entries are matmuls.
+    Inside blocks of SUB_CHUNK tokens the decay e^(gamma_t - gamma_s) is formed element by element; between
+    a block and the tokens after it, it factors through the block's last token b as
+    e^(gamma_t - gamma_b) * e^(gamma_b - gamma_s) (both exponents <= 0), so those entries are matmuls.
     """
     size = q.shape[-2]
     a = q.new_zeros(*q.shape[:-1], size)
     m = q.new_zeros(*q.shape[:-1], size)
-    given = False  # the block scores come from `block_scores`; else the loop below forms them
-    if block_scores is not None and size % SUB_CHUNK == 0:
-        given = True
-        flat = [x.reshape(-1, size, x.shape[-1]) for x in (q, k, gamma)]
-        for scores, blocks in zip((a, m), block_scores(*flat), strict=True):
-            _diagonal_blocks(scores).copy_(blocks.view(*q.shape[:-2], -1, SUB_CHUNK, SUB_CHUNK))
     for start in range(0, size, SUB_CHUNK):
         block = slice(start, min(start + SUB_CHUNK, size))
         kb, gb = k[..., block, :], gamma[..., block, :]
         # [.., t, s, d_k]; entries above the diagonal (s > t) are dropped by tril below, so clamping their
         # exponents to 0 only keeps them finite. The floor keeps exp off its slow path for arguments far
         # below FP32's range (measured 6x slower); e^EXP_FLOOR is below any term that can show.
-        if not given:
-            decay = (gb.unsqueeze(-2) - gb.unsqueeze(-3)).clamp(EXP_FLOOR, 0).exp()
-            k_decayed = kb.unsqueeze(-3) * decay
-            a[..., block, block] = (k_decayed * kb.unsqueeze(-2)).sum(-1).tril(-1)
-            m[..., block, block] = (k_decayed * q[..., block, :].unsqueeze(-2)).sum(-1).tril()
+        decay = (gb.unsqueeze(-2) - gb.unsqueeze(-3)).clamp(EXP_FLOOR, 0).exp()
+        k_decayed = kb.unsqueeze(-3) * decay
+        a[..., block, block] = (k_decayed * kb.unsqueeze(-2)).sum(-1).tril(-1)
+        m[..., block, block] = (k_decayed * q[..., block, :].unsqueeze(-2)).sum(-1).tril()
         if block.stop < size:
             later = slice(block.stop, size)
             boundary = gamma[..., block.stop - 1 : block.stop, :]
@@ -185,12 +171,6 @@ def _intra_chunk_scores(
             a[..., later, block] = (k[..., later, :] * to_later) @ k_from
             m[..., later, block] = (q[..., later, :] * to_later) @ k_from
     return a, m
-
-
-def _diagonal_blocks(scores: torch.Tensor) -> torch.Tensor:
-    """A view [..., C / SUB_CHUNK, SUB_CHUNK, SUB_CHUNK] of the diagonal blocks of scores [..., C, C]."""
-    blocks = scores.unflatten(-1, (-1, SUB_CHUNK)).unflatten(-3, (-1, SUB_CHUNK))  # [.., n, b, n, b]
-    return blocks.diagonal(dim1=-4, dim2=-2).movedim(-1, -3)
 
 
 def short_conv_step(x: torch.Tensor, window: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

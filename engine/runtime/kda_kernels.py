@@ -1,5 +1,5 @@
-"""Prefill kernels for the KDA layers: the model's own chunked form, the same form with its intra-block
-scores from our C++ kernel on the CPU (`cpp`), or `fla`'s `chunk_kda` on a GPU.
+"""Prefill kernels for the KDA layers: the model's own chunked form, the same algebra as one C++ kernel on
+the CPU (`cpp`), or `fla`'s `chunk_kda` on a GPU.
 
 All take the model's already-normalised, already-scaled q and k, the log-space per-channel decay g and
 beta, and update the FP32 state [B, H, d_k, d_v] in place (fla uses the same state layout).
@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 
 from engine.kernels import cpp_cpu
-from engine.model.kda import EXP_FLOOR, SUB_CHUNK, kda_chunked, l2_normalize
+from engine.model.kda import CHUNK_SIZE, EXP_FLOOR, SUB_CHUNK, kda_chunked, l2_normalize
 
 KDA_KERNELS = ("auto", "torch", "cpp", "fla")
 CPP_TOLERANCE = 1e-4  # FP32 throughout; only the order of the d_k sums and the exp's last bit differ
@@ -34,13 +34,15 @@ def fla_chunk_kda(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _cpp_block_scores(q, k, gamma):
-    return cpp_cpu.kda_block_scores(q, k, gamma, SUB_CHUNK, EXP_FLOOR)
-
-
 def cpp_chunk_kda(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
-    """`kda_chunked` with the scores inside each SUB_CHUNK block from the C++ kernel (inference only)."""
-    return kda_chunked(q, k, v, g, beta, state, block_scores=_cpp_block_scores)
+    """`kda_chunked` as one C++ call (inference only): each (batch, head) sequence a task, its chunks in
+    order, the same blocks and exponent floor."""
+    if state.is_contiguous() and state.dtype == torch.float32:
+        return cpp_cpu.kda_chunk(q, k, v, g, beta, state, chunk=CHUNK_SIZE, block=SUB_CHUNK, floor=EXP_FLOOR)
+    work = state.float().contiguous()  # the kernel updates a contiguous FP32 state; copied back after
+    out = cpp_cpu.kda_chunk(q, k, v, g, beta, work, chunk=CHUNK_SIZE, block=SUB_CHUNK, floor=EXP_FLOOR)
+    state.copy_(work)
+    return out
 
 
 def random_kda_inputs(

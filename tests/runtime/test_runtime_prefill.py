@@ -74,9 +74,10 @@ def test_auto_falls_back_to_torch_when_the_cpp_library_cannot_build(monkeypatch)
     ("tokens", "heads", "dim", "decay"),
     [(130, 2, 64, 0.5), (64, 1, 128, 12.0), (300, 3, 40, 3.0), (16, 2, 128, 0.01)],
 )
-def test_the_cpp_intra_block_scores_give_the_chunked_forms_outputs_and_state(tokens, heads, dim, decay):
+def test_the_cpp_kernel_gives_the_chunked_forms_outputs_and_state(tokens, heads, dim, decay):
     """Fresh seeds; decays from mild to strong enough that intra-block exponents reach EXP_FLOOR (12 per
-    token over 16 tokens), d_k not a multiple of the vector width (40), a prompt shorter than a chunk.
+    token over 16 tokens), d_k not a multiple of the vector width (40), a prompt shorter than a chunk, a
+    last chunk shorter than the others (130, 300 tokens), two sequences in the batch.
     Outputs poisoned first; tolerance 1e-4 of the output scale (FP32 both ways; sum order and the last
     bit of exp differ)."""
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,)).item()))
@@ -90,17 +91,19 @@ def test_the_cpp_intra_block_scores_give_the_chunked_forms_outputs_and_state(tok
     torch.testing.assert_close(cpp_state, ref_state, rtol=0, atol=1e-4 * ref_state.abs().max().item())
 
 
-def test_the_cpp_block_scores_are_the_torch_forms_diagonal_blocks():
-    """The kernel alone against `_intra_chunk_scores`'s own blocks: strictly lower a, lower m, zeros above."""
+def test_the_cpp_kernel_updates_a_state_that_is_a_view_of_a_larger_cache():
+    """A state slice of a pool (not contiguous) is updated in place as the contiguous one is."""
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,)).item()))
-    q, k = (torch.randn(3, 64, 48, generator=gen) for _ in range(2))
-    gamma = (-torch.rand(3, 64, 48, generator=gen) * 2).cumsum(1)
-    a_ref, m_ref = kda_module._intra_chunk_scores(q, k, gamma)
-    a, m = cpp_cpu.kda_block_scores(q, k, gamma, kda_module.SUB_CHUNK, kda_module.EXP_FLOOR)
-    for got, ref in ((a, a_ref), (m, m_ref)):
-        want = kda_module._diagonal_blocks(ref)
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * want.abs().max().item())
-    assert (a.triu() == 0).all() and (m.triu(1) == 0).all()
+    q, k, v, g, beta, _ = random_kda_inputs(gen, "cpu", batch=1, tokens=70, heads=2, dim=64)
+    pool = torch.randn(2, 3, 64, 64, generator=gen) * 0.1  # [heads, slots, d_k, d_v]
+    view = pool[:, 1].unsqueeze(0)  # [1, heads, d_k, d_v], strided
+    ref_state = view.clone()
+    expected = kda_chunked(q, k, v, g, beta, ref_state)
+    before = pool.clone()
+    out = cpp_chunk_kda(q, k, v, g, beta, view)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-4 * expected.abs().max().item())
+    torch.testing.assert_close(pool[:, 1], ref_state[0], rtol=0, atol=1e-4 * ref_state.abs().max().item())
+    assert torch.equal(pool[:, 0], before[:, 0]) and torch.equal(pool[:, 2], before[:, 2])  # others untouched
 
 
 def test_the_kernel_check_accepts_the_reference_and_catches_a_wrong_kernel():
