@@ -29,6 +29,9 @@ namespace {
 
 constexpr int64_t kBytesPerTask = 16384;  // codes one parallel task reads at least
 constexpr int64_t kTileRows = 16;  // dense weight rows that stay in L1 while every row of x passes them
+// Rows of x from which an INT4 weight row is decoded once to FP32 and then read from L1 by every row
+// (dense_rows), rather than its nibbles decoded again for each row by row_dot.
+constexpr int64_t kDecodeOnceRows = 4;
 
 #if defined(__AVX512F__)
 // 16 codes (bytes) of one group -> their low and high nibbles as signed FP32 lanes, times x, summed. The
@@ -141,11 +144,15 @@ at::Tensor checked_routes(const at::Tensor& route_ids, int64_t experts) {
   return ids;
 }
 
-// y[M, N] = x[M, K] @ W^T; each weight row is read once for all M rows of x.
+at::Tensor w4a16_mm_decoded(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t group);
+
+// y[M, N] = x[M, K] @ W^T; each weight row is read once for all M rows of x (from kDecodeOnceRows rows on,
+// decoded once: w4a16_mm_decoded).
 at::Tensor w4a16_mm(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t group) {
   TORCH_CHECK(x.dim() == 2, "x must be [M, K]");
   const int64_t m = x.size(0), k = x.size(1), n = codes.size(0);
   check_weight(codes, scales, k, group, 0);
+  if (m >= kDecodeOnceRows) return w4a16_mm_decoded(x, codes, scales, group);
   const at::Tensor xs = split_groups(x, group);
   at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
   const RowDot dot = dot_for(scales, group);
@@ -321,6 +328,158 @@ at::Tensor dense_mm(const at::Tensor& x, const at::Tensor& weight) {
   return out;
 }
 
+// The routes [B, S] sorted by expert (a stable counting sort; the ids are host memory, nothing syncs): expert
+// e's routes are order[start[e] .. start[e + 1]), `chosen` the experts with any, `source` the row of x each
+// sorted route reads (x [B, K], or [B, S, K] per route).
+struct RouteOrder {
+  std::vector<int64_t> start, order, chosen;
+  at::Tensor source;
+};
+
+RouteOrder sort_routes(const at::Tensor& ids, int64_t experts, bool per_slot) {
+  const int64_t slots = ids.size(1), routes = ids.numel();
+  const int64_t* route = ids.data_ptr<int64_t>();
+  RouteOrder sorted{std::vector<int64_t>(experts + 1, 0), std::vector<int64_t>(routes), {}, at::empty({routes}, ids.options())};
+  std::vector<int64_t>& start = sorted.start;
+  for (int64_t r = 0; r < routes; ++r) ++start[route[r] + 1];
+  for (int64_t e = 0; e < experts; ++e) start[e + 1] += start[e];
+  std::vector<int64_t> fill(start.begin(), start.end() - 1);
+  for (int64_t r = 0; r < routes; ++r) sorted.order[fill[route[r]]++] = r;
+  for (int64_t e = 0; e < experts; ++e) {
+    if (start[e + 1] > start[e]) sorted.chosen.push_back(e);
+  }
+  int64_t* src = sorted.source.data_ptr<int64_t>();
+  for (int64_t j = 0; j < routes; ++j) src[j] = per_slot ? sorted.order[j] : sorted.order[j] / slots;
+  return sorted;
+}
+
+void check_routed_x(const at::Tensor& x, int64_t batch, int64_t slots) {
+  TORCH_CHECK((x.dim() == 2 && x.size(0) == batch) || (x.dim() == 3 && x.size(0) == batch && x.size(1) == slots),
+              "x must be [B, K] or [B, S, K] for route_ids [B, S]");
+}
+
+// Outputs in expert order [R, N] back to [B, S, N]; with `up`, silu(gate) * up.
+at::Tensor unsort_routes(const RouteOrder& sorted, const at::Tensor& gate_y, const at::Tensor* up_y, int64_t batch,
+                         int64_t slots) {
+  const int64_t n = gate_y.size(1);
+  at::Tensor out = at::empty({batch, slots, n}, gate_y.options());
+  float* y = out.data_ptr<float>();
+  const float* gy = gate_y.data_ptr<float>();
+  const float* uy = up_y != nullptr ? up_y->data_ptr<float>() : nullptr;
+  at::parallel_for(0, batch * slots, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      float* dst = y + sorted.order[j] * n;
+      const float* a = gy + j * n;
+      if (uy == nullptr) {
+        std::copy(a, a + n, dst);
+        continue;
+      }
+      const float* b = uy + j * n;
+      for (int64_t c = 0; c < n; ++c) dst[c] = a[c] / (1.f + std::exp(-a[c])) * b[c];
+    }
+  });
+  return out;
+}
+
+// One INT4 weight row as FP32 in its natural order: byte j of a group holds elements 2j (low nibble) and
+// 2j + 1 (high), each a two's-complement code, times the group's scale (split_groups' pairing).
+template <typename S>
+void decode_row(const uint8_t* codes, const void* scales, int64_t k, int64_t group, float* out) {
+  const S* sc = static_cast<const S*>(scales);
+  const int64_t half = group / 2;
+  for (int64_t g0 = 0; g0 < k; g0 += group) {
+    const float scale = static_cast<float>(sc[g0 / group]);
+    const uint8_t* c = codes + g0 / 2;
+    float* o = out + g0;
+#pragma omp simd
+    for (int64_t j = 0; j < half; ++j) {
+      const int u = c[j] ^ 0x88;  // nibble ^ 8: the code + 8
+      o[2 * j] = float((u & 15) - 8) * scale;
+      o[2 * j + 1] = float((u >> 4) - 8) * scale;
+    }
+  }
+}
+
+using RowDecode = void (*)(const uint8_t*, const void*, int64_t, int64_t, float*);
+
+RowDecode decode_for(const at::Tensor& scales) {
+  switch (scales.scalar_type()) {
+    case at::kBFloat16: return decode_row<c10::BFloat16>;
+    case at::kHalf: return decode_row<c10::Half>;
+    case at::kFloat: return decode_row<float>;
+    default: TORCH_CHECK(false, "cpp scales must be BF16, FP16 or FP32, got ", scales.scalar_type());
+  }
+}
+
+// Weight rows [first, last) of one INT4 matrix (codes [N, K/2], scales [N, K/group] of row stride s_row
+// bytes) against m FP32 rows of x [m, K] in natural order: y[i * ldy + r] for r in [first, last), each
+// tile of kTileRows weight rows decoded once into `tile` [kTileRows, K].
+void decoded_rows(const uint8_t* codes, const char* scales, int64_t s_row, RowDecode decode, int64_t group,
+                  const float* x, int64_t m, int64_t k, float* y, int64_t ldy, int64_t first, int64_t last,
+                  float* tile) {
+  for (int64_t begin = first; begin < last; begin += kTileRows) {
+    const int64_t end = std::min(last, begin + kTileRows);
+    for (int64_t r = begin; r < end; ++r) decode(codes + r * (k / 2), scales + r * s_row, k, group, tile + (r - begin) * k);
+    dense_rows(tile, x, m, k, ldy, y + begin, 0, end - begin);
+  }
+}
+
+// w4a16_mm for several rows of x: tiles of weight rows decoded once (decoded_rows).
+at::Tensor w4a16_mm_decoded(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, int64_t group) {
+  const int64_t m = x.size(0), k = x.size(1), n = codes.size(0);
+  const at::Tensor xf = x.to(at::kFloat).contiguous();
+  at::Tensor out = at::empty({m, n}, x.options().dtype(at::kFloat));
+  const RowDecode decode = decode_for(scales);
+  const uint8_t* c = codes.data_ptr<uint8_t>();
+  const char* s = static_cast<const char*>(scales.data_ptr());
+  const int64_t s_row = scales.size(1) * scales.element_size();
+  const float* xp = xf.data_ptr<float>();
+  float* y = out.data_ptr<float>();
+  at::parallel_for(0, n, std::max(kTileRows, grain(k / 2)), [&](int64_t begin, int64_t end) {
+    std::vector<float> tile(kTileRows * k);
+    decoded_rows(c, s, s_row, decode, group, xp, m, k, y, n, begin, end, tile.data());
+  });
+  return out;
+}
+
+// `grouped` where experts repeat among the routes (a batch, or a prompt's tokens): the routes sorted by
+// expert, each chosen expert's weight rows decoded once for all the routes that chose it.
+at::Tensor grouped_by_expert(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& gate_scales,
+                             const c10::optional<at::Tensor>& up, const c10::optional<at::Tensor>& up_scales,
+                             const at::Tensor& ids, const RouteOrder& sorted, int64_t group) {
+  const int64_t k = x.size(-1), n = gate.size(1), batch = ids.size(0), slots = ids.size(1), routes = ids.numel();
+  const bool swiglu = up.has_value();
+  const at::Tensor xs = x.reshape({-1, k}).index_select(0, sorted.source).to(at::kFloat).contiguous();
+  const at::TensorOptions fp32 = x.options().dtype(at::kFloat);
+  at::Tensor gate_y = at::empty({routes, n}, fp32), up_y = swiglu ? at::empty({routes, n}, fp32) : gate_y;
+  const RowDecode decode = decode_for(gate_scales);
+  const int64_t e_codes = n * (k / 2), s_row = gate_scales.size(2) * gate_scales.element_size(), e_scales = n * s_row;
+  const uint8_t* g = gate.data_ptr<uint8_t>();
+  const uint8_t* u = swiglu ? up->data_ptr<uint8_t>() : nullptr;
+  const char* gs = static_cast<const char*>(gate_scales.data_ptr());
+  const char* us = swiglu ? static_cast<const char*>(up_scales->data_ptr()) : nullptr;
+  const float* xp = xs.data_ptr<float>();
+  float* gy = gate_y.data_ptr<float>();
+  float* uy = up_y.data_ptr<float>();
+  const std::vector<int64_t>& start = sorted.start;
+  const std::vector<int64_t>& chosen = sorted.chosen;
+  const int64_t items = static_cast<int64_t>(chosen.size()) * n;  // (chosen expert, weight row)
+  at::parallel_for(0, items, std::max(kTileRows, grain(k / 2 * (swiglu ? 2 : 1))), [&](int64_t begin, int64_t end) {
+    std::vector<float> tile(kTileRows * k);
+    for (int64_t item = begin; item < end;) {
+      const int64_t e = chosen[item / n], first = item % n, last = std::min(n, first + end - item);
+      const int64_t rows = start[e + 1] - start[e], at = start[e];
+      decoded_rows(g + e * e_codes, gs + e * e_scales, s_row, decode, group, xp + at * k, rows, k, gy + at * n, n,
+                   first, last, tile.data());
+      if (swiglu)
+        decoded_rows(u + e * e_codes, us + e * e_scales, s_row, decode, group, xp + at * k, rows, k, uy + at * n, n,
+                     first, last, tile.data());
+      item += last - first;
+    }
+  });
+  return unsort_routes(sorted, gate_y, swiglu ? &up_y : nullptr, batch, slots);
+}
+
 // out[b, s, n] = x[b(, s)] @ bank[route_ids[b, s]][n]^T over a dense bank [E, N, K] (FP32, BF16 or
 // FP16, as stored); swiglu: silu(gate) * up over two banks. The routes are sorted by expert first (the ids
 // are in host memory: no device sync), so each chosen expert's weight rows are read once for all the
@@ -338,29 +497,17 @@ at::Tensor dense_grouped(const at::Tensor& x, const at::Tensor& gate, const c10:
   }
   const at::Tensor ids = checked_routes(route_ids, experts);
   const int64_t batch = ids.size(0), slots = ids.size(1), routes = batch * slots;
-  const bool per_slot = x.dim() == 3;
-  TORCH_CHECK((x.dim() == 2 && x.size(0) == batch) || (per_slot && x.size(0) == batch && x.size(1) == slots),
-              "x must be [B, K] or [B, S, K] for route_ids [B, S]");
-  // A stable counting sort of the routes by expert: expert e's routes are order[start[e] .. start[e + 1]).
-  const int64_t* route = ids.data_ptr<int64_t>();
-  std::vector<int64_t> start(experts + 1, 0);
-  for (int64_t r = 0; r < routes; ++r) ++start[route[r] + 1];
-  for (int64_t e = 0; e < experts; ++e) start[e + 1] += start[e];
-  std::vector<int64_t> order(routes), fill(start.begin(), start.end() - 1), chosen;
-  for (int64_t r = 0; r < routes; ++r) order[fill[route[r]]++] = r;
-  for (int64_t e = 0; e < experts; ++e) {
-    if (start[e + 1] > start[e]) chosen.push_back(e);
-  }
-  at::Tensor source = at::empty({routes}, ids.options());  // the row of x each sorted route reads
-  int64_t* src = source.data_ptr<int64_t>();
-  for (int64_t j = 0; j < routes; ++j) src[j] = per_slot ? order[j] : order[j] / slots;
+  check_routed_x(x, batch, slots);
+  const RouteOrder sorted = sort_routes(ids, experts, x.dim() == 3);
+  const std::vector<int64_t>& start = sorted.start;
+  const std::vector<int64_t>& chosen = sorted.chosen;
 #if defined(__AVX512BF16__)
   const bool bf16_pairs = x.scalar_type() == at::kBFloat16 && gate.scalar_type() == at::kBFloat16;
 #else
   const bool bf16_pairs = false;
 #endif
   const at::ScalarType x_type = bf16_pairs ? at::kBFloat16 : at::kFloat;
-  const at::Tensor xs = x.reshape({-1, k}).index_select(0, source).to(x_type).contiguous();  // [R, K] by expert
+  const at::Tensor xs = x.reshape({-1, k}).index_select(0, sorted.source).to(x_type).contiguous();  // [R, K] by expert
   const at::TensorOptions fp32 = x.options().dtype(at::kFloat);
   at::Tensor gate_y = at::empty({routes, n}, fp32), up_y = swiglu ? at::empty({routes, n}, fp32) : gate_y;
   float* gy = gate_y.data_ptr<float>();
@@ -396,18 +543,7 @@ at::Tensor dense_grouped(const at::Tensor& x, const at::Tensor& gate, const c10:
                 gate.scalar_type());
     banks(c10::Half{}, xs.data_ptr<float>());
   }
-  // Back from expert order to [B, S, N], silu(gate) * up for the SwiGLU.
-  at::Tensor out = at::empty({batch, slots, n}, fp32);
-  float* y = out.data_ptr<float>();
-  at::parallel_for(0, routes, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      float* dst = y + order[j] * n;
-      const float* a = gy + j * n;
-      const float* b = uy + j * n;
-      for (int64_t c = 0; c < n; ++c) dst[c] = swiglu ? a[c] / (1.f + std::exp(-a[c])) * b[c] : a[c];
-    }
-  });
-  return out;
+  return unsort_routes(sorted, gate_y, swiglu ? &up_y : nullptr, batch, slots);
 }
 
 // out[b, s, n] = x[b(, s)] @ bank[route_ids[b, s]][n]^T; swiglu: silu(gate) * up over two banks.
@@ -425,8 +561,11 @@ at::Tensor grouped(const at::Tensor& x, const at::Tensor& gate, const at::Tensor
   const at::Tensor ids = checked_routes(route_ids, experts);
   const int64_t batch = ids.size(0), slots = ids.size(1);
   const bool per_slot = x.dim() == 3;
-  TORCH_CHECK((x.dim() == 2 && x.size(0) == batch) || (per_slot && x.size(0) == batch && x.size(1) == slots),
-              "x must be [B, K] or [B, S, K] for route_ids [B, S]");
+  check_routed_x(x, batch, slots);
+  const RouteOrder sorted = sort_routes(ids, experts, per_slot);
+  // Decoding an expert's rows once pays when its routes average kDecodeOnceRows or more.
+  if (ids.numel() >= kDecodeOnceRows * static_cast<int64_t>(sorted.chosen.size()))
+    return grouped_by_expert(x, gate, gate_scales, up, up_scales, ids, sorted, group);
   const at::Tensor xs = split_groups(x, group);
   at::Tensor out = at::empty({batch, slots, n}, x.options().dtype(at::kFloat));
   const RowDot dot = dot_for(gate_scales, group);

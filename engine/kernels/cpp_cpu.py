@@ -167,8 +167,10 @@ def kda_chunk(
     )
 
 
-def _variant(op: str, description: str):
-    return registry.register(op, VARIANT, backend="cpp-cpu", description=description, many_rows=True)
+def _variant(op: str, description: str, *, groups_routes: bool = False):
+    return registry.register(
+        op, VARIANT, backend="cpp-cpu", description=description, many_rows=True, groups_routes=groups_routes
+    )
 
 
 def _check_group(group_size: int) -> None:
@@ -196,7 +198,12 @@ def w16a16_gemv(x, weight, *, out=None, out_dtype=None):
     return out
 
 
-@_variant("w4a16_grouped_gemv", "C++ loop over the routes in one call on the artifact's codes, FP32")
+@_variant(
+    "w4a16_grouped_gemv",
+    "C++ loop over the routes in one call on the artifact's codes, FP32; where experts repeat (a batch, a "
+    "prompt), routes sorted by expert and each chosen expert's rows decoded once for all its routes",
+    groups_routes=True,
+)
 def w4a16_grouped_gemv(x, codes, scales, route_ids, group_size, *, out=None, out_dtype=None):
     shape = grouped_shape(x, codes, scales, route_ids, group_size)
     _check_group(group_size)
@@ -209,7 +216,10 @@ def w4a16_grouped_gemv(x, codes, scales, route_ids, group_size, *, out=None, out
 
 
 @_variant(
-    "w4a16_grouped_swiglu", "C++: gate and up rows of each route together, silu(gate) * up in FP32, one call"
+    "w4a16_grouped_swiglu",
+    "C++: gate and up rows of each route together, silu(gate) * up in FP32, one call; where experts repeat, "
+    "routes sorted by expert and each chosen expert's rows decoded once for all its routes",
+    groups_routes=True,
 )
 def w4a16_grouped_swiglu(x, gate_codes, gate_scales, up_codes, up_scales, route_ids, group_size, *, out=None):
     shape = grouped_shape(x, gate_codes, gate_scales, route_ids, group_size)

@@ -44,6 +44,9 @@ class Variant:
     precision: torch.dtype | None = None
     # Fast for many rows too (a GEMM): prefill runs it rather than dequantising the weight.
     many_rows: bool = False
+    # An expert op that sorts all of a call's routes by expert itself and reads each chosen expert once:
+    # prefill passes it every token's routes in one call, not one call per expert.
+    groups_routes: bool = False
 
     @property
     def is_reference(self) -> bool:
@@ -88,6 +91,7 @@ def register(
     pack: Callable | None = None,
     precision: torch.dtype | None = None,
     many_rows: bool = False,
+    groups_routes: bool = False,
 ) -> Callable[[Callable], Callable]:
     """Decorator adding ``fn`` as variant ``name`` of ``op`` (``name="reference"`` is the reference)."""
     if backend not in BACKENDS:
@@ -99,7 +103,9 @@ def register(
             raise KernelSelectionError(f"{op} already has a variant named {name!r}")
         if pack is not None and not operation.weight_args:
             raise KernelSelectionError(f"{op} has no weight arguments to pack")
-        operation.variants[name] = Variant(op, name, fn, backend, description, pack, precision, many_rows)
+        operation.variants[name] = Variant(
+            op, name, fn, backend, description, pack, precision, many_rows, groups_routes
+        )
         return fn
 
     return decorate

@@ -11,7 +11,9 @@ copy of the weights at `bind`; the artifact's codes stay too (other variants, `d
 
 Decode (at most `DECODE_MAX_ROWS` rows, `engine.model.paths`) runs the kernels: static shapes, no host
 reads, CUDA-graph capturable. Prefill (more rows) runs them too when the variant is a GEMM
-(``Variant.many_rows``: one call per projection, and per expert over the tokens routed to it); otherwise it
+(``Variant.many_rows``: one call per projection, and per expert over the tokens routed to it; or, when
+the expert ops sort the routes by expert themselves, ``Variant.groups_routes``, one call for all of them,
+as at decode); otherwise it
 dequantises: each projection's
 weight to the activation dtype once per call followed by a matmul, and for experts one expert at a time
 over the tokens routed to it (a GEMV kernel re-reads its weight for every row, so it does not fit many).
@@ -177,8 +179,9 @@ class PackedExpertBank(nn.Module):
     ``[S, hidden, inter]``; slot ``shared_slot`` (if any) is the shared expert, run with weight 1 for
     every token, so the layer's separate shared-expert MLP must be removed.
 
-    Decode: route table ``[N, top-k (+1)]`` -> fused gate/up SwiGLU -> grouped down projection ->
-    route-weighted combine in FP32. Same ``forward`` as `engine.model.moe.ExpertBank`.
+    Decode (and prefill, when the expert ops group the routes themselves): route table ``[N, top-k (+1)]``
+    -> fused gate/up SwiGLU -> grouped down projection -> route-weighted combine in FP32. Same ``forward``
+    as `engine.model.moe.ExpertBank`.
     """
 
     w1_codes: torch.Tensor  # buffers
@@ -227,6 +230,7 @@ class PackedExpertBank(nn.Module):
         )
         self._down = _packed_for(grouped, self.w2_codes, self.w2_scales)
         self._many_rows = swiglu.many_rows and grouped.many_rows
+        self._routes_in_one_call = swiglu.groups_routes and grouped.groups_routes
 
     def _route_table(self, expert_ids: torch.Tensor, expert_weights: torch.Tensor):
         """Append the shared slot with weight 1 to every token's routes (unless the router did)."""
@@ -242,7 +246,7 @@ class PackedExpertBank(nn.Module):
     ) -> torch.Tensor:
         ids, weights = self._route_table(expert_ids, expert_weights.float())
         x = x.contiguous()
-        if not takes_decode_path(x.shape[0]):
+        if not (takes_decode_path(x.shape[0]) or self._routes_in_one_call):
             if self._many_rows:
                 return grouped_expert_rows(x, ids, weights, self.slots, self._expert_rows)
             return grouped_expert_ffn(x, ids, weights, self.slots, lambda e: self._dense_expert(e, x.dtype))

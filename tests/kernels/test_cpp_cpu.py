@@ -110,3 +110,40 @@ def test_denormals_are_flushed_on_the_thread_and_its_openmp_workers():
         thread.close()
         torch.set_num_threads(threads)
     assert (before, after) == (1 << 20, 0)
+
+
+@pytest.mark.parametrize("group", [32, 128])
+@pytest.mark.parametrize("rows", [1, 3, 4, 17, 128])
+def test_int4_ops_decoded_once_for_many_rows_match_the_reference(rows, group):
+    """From kDecodeOnceRows (4) rows of x, or routes averaging 4 per chosen expert, the C++ ops decode each
+    weight row once and read it back from L1; below, they decode it per row. Both against the FP32
+    reference on fresh seeds, every shape crossing the thresholds (a ragged 17, a prompt's 128), outputs
+    poisoned; tolerance 1e-5 of the output scale (FP32 sums in another order), and for the SwiGLU, whose
+    output is BF16 as x is, one BF16 step besides (2^-7 relative: a sum on either side of a rounding edge)."""
+    from engine.kernels import reference
+
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,)).item()))
+    experts, n, k, top_k = 6, 48, 256, 3
+    codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=gen)
+    scales = (torch.rand(experts, n, k // group, generator=gen) * 0.05 + 0.01).to(torch.bfloat16)
+    up_codes = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=gen)
+    x = torch.randn(rows, k, generator=gen).to(torch.bfloat16)
+    routes = torch.randint(0, experts, (rows, top_k), generator=gen, dtype=torch.int32)
+    hidden = torch.randn(rows, top_k, k, generator=gen)  # per-route input of the down projection
+
+    def check(ours, theirs, rtol=0.0):
+        scale = theirs.abs().max().item()
+        torch.testing.assert_close(ours.float(), theirs.float(), rtol=rtol, atol=1e-5 * scale + 1e-6)
+
+    def poisoned(shape, dtype):
+        return torch.full(shape, float("nan"), dtype=dtype)
+
+    check(cpp_cpu.w4a16_gemv(x, codes[0], scales[0], group, out=poisoned((rows, n), torch.float32),
+                             out_dtype=torch.float32),
+          reference.w4a16_gemv(x, codes[0], scales[0], group, out_dtype=torch.float32))  # fmt: skip
+    check(cpp_cpu.w4a16_grouped_gemv(hidden, codes, scales, routes, group,
+                                     out=poisoned((rows, top_k, n), torch.float32), out_dtype=torch.float32),
+          reference.w4a16_grouped_gemv(hidden, codes, scales, routes, group, out_dtype=torch.float32))  # fmt: skip
+    swiglu = (x, codes, scales, up_codes, scales, routes, group)
+    check(cpp_cpu.w4a16_grouped_swiglu(*swiglu, out=poisoned((rows, top_k, n), x.dtype)),
+          reference.w4a16_grouped_swiglu(*swiglu), rtol=2**-7)  # fmt: skip
