@@ -122,6 +122,11 @@ VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 VECTOR_TIERS = (("amx", "amx_tile"), ("avx512bf16", "avx512_bf16"), ("avx512", "avx512f"), ("avx2", "avx2"))
 
 
+def vector_flags(cpu_flags) -> list[str]:
+    """The VECTOR_FLAGS among a CPU's flags (/proc/cpuinfo's names), in VECTOR_FLAGS' order."""
+    return [flag for flag in VECTOR_FLAGS if flag in cpu_flags]
+
+
 def vector_tier(flags: list[str]) -> str | None:
     """The widest tier of VECTOR_TIERS among `flags` (None when it has none of them)."""
     return next((tier for tier, flag in VECTOR_TIERS if flag in flags), None)
@@ -146,7 +151,7 @@ def _cpu() -> dict:
         "physical_cores": psutil.cpu_count(logical=False),
         "logical_cores": psutil.cpu_count(logical=True),
         "ram_bytes": psutil.virtual_memory().total,
-        "vector_flags": [flag for flag in VECTOR_FLAGS if flag in flags],
+        "vector_flags": vector_flags(flags),
     }
 
 

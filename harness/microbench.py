@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from harness.hardware import VECTOR_FLAGS, hardware_id
+from harness.hardware import hardware_id, vector_flags
 from harness.receipt import build_receipt, save_receipt, summarize
 
 SUITE = "micro"
@@ -46,9 +46,7 @@ def _hardware(machine: dict[str, Any], commit: dict[str, Any]) -> dict[str, Any]
                 "logical_cores": cpu.get("count"),
                 "ram_bytes": None,
                 # py-cpuinfo's flags are /proc/cpuinfo's: with them the id names the vector tier
-                **(
-                    {"vector_flags": [f for f in VECTOR_FLAGS if f in cpu["flags"]]} if "flags" in cpu else {}
-                ),
+                **({"vector_flags": vector_flags(cpu["flags"])} if "flags" in cpu else {}),
             },
             "os": {"system": machine.get("system"), "release": machine.get("release"), "platform": None},
             "software": {

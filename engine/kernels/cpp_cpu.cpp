@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #if defined(__x86_64__) || defined(_M_X64)
@@ -353,6 +354,37 @@ RouteOrder sort_routes(const at::Tensor& ids, int64_t experts, bool per_slot) {
   return sorted;
 }
 
+// The experts the routes choose, counted without sorting them (the per-route path needs no order).
+int64_t distinct_experts(const at::Tensor& ids, int64_t experts) {
+  std::vector<char> seen(experts, 0);
+  const int64_t* route = ids.data_ptr<int64_t>();
+  int64_t count = 0;
+  for (int64_t r = 0; r < ids.numel(); ++r) count += !std::exchange(seen[route[r]], 1);
+  return count;
+}
+
+// Every (chosen expert, weight row) pair of `sorted` over torch's threads, each task's share as runs of
+// one expert's weight rows: run(e, first, last) for rows [first, last) of expert e, whose routes are
+// sorted.start[e] .. sorted.start[e + 1].
+template <typename Run>
+void for_each_expert_run(const RouteOrder& sorted, int64_t n, int64_t grain_size, const Run& run) {
+  const int64_t items = static_cast<int64_t>(sorted.chosen.size()) * n;
+  at::parallel_for(0, items, grain_size, [&](int64_t begin, int64_t end) {
+    for (int64_t item = begin; item < end;) {
+      const int64_t e = sorted.chosen[item / n], first = item % n, last = std::min(n, first + end - item);
+      run(e, first, last);
+      item += last - first;
+    }
+  });
+}
+
+// This thread's buffer for kTileRows decoded weight rows of K values (reused across calls).
+float* tile_buffer(int64_t k) {
+  thread_local std::vector<float> tile;
+  tile.resize(kTileRows * k);
+  return tile.data();
+}
+
 void check_routed_x(const at::Tensor& x, int64_t batch, int64_t slots) {
   TORCH_CHECK((x.dim() == 2 && x.size(0) == batch) || (x.dim() == 3 && x.size(0) == batch && x.size(1) == slots),
               "x must be [B, K] or [B, S, K] for route_ids [B, S]");
@@ -413,10 +445,10 @@ RowDecode decode_for(const at::Tensor& scales) {
 
 // Weight rows [first, last) of one INT4 matrix (codes [N, K/2], scales [N, K/group] of row stride s_row
 // bytes) against m FP32 rows of x [m, K] in natural order: y[i * ldy + r] for r in [first, last), each
-// tile of kTileRows weight rows decoded once into `tile` [kTileRows, K].
+// tile of kTileRows weight rows decoded once into this thread's tile_buffer.
 void decoded_rows(const uint8_t* codes, const char* scales, int64_t s_row, RowDecode decode, int64_t group,
-                  const float* x, int64_t m, int64_t k, float* y, int64_t ldy, int64_t first, int64_t last,
-                  float* tile) {
+                  const float* x, int64_t m, int64_t k, float* y, int64_t ldy, int64_t first, int64_t last) {
+  float* tile = tile_buffer(k);
   for (int64_t begin = first; begin < last; begin += kTileRows) {
     const int64_t end = std::min(last, begin + kTileRows);
     for (int64_t r = begin; r < end; ++r) decode(codes + r * (k / 2), scales + r * s_row, k, group, tile + (r - begin) * k);
@@ -436,8 +468,7 @@ at::Tensor w4a16_mm_decoded(const at::Tensor& x, const at::Tensor& codes, const 
   const float* xp = xf.data_ptr<float>();
   float* y = out.data_ptr<float>();
   at::parallel_for(0, n, std::max(kTileRows, grain(k / 2)), [&](int64_t begin, int64_t end) {
-    std::vector<float> tile(kTileRows * k);
-    decoded_rows(c, s, s_row, decode, group, xp, m, k, y, n, begin, end, tile.data());
+    decoded_rows(c, s, s_row, decode, group, xp, m, k, y, n, begin, end);
   });
   return out;
 }
@@ -462,20 +493,14 @@ at::Tensor grouped_by_expert(const at::Tensor& x, const at::Tensor& gate, const 
   float* gy = gate_y.data_ptr<float>();
   float* uy = up_y.data_ptr<float>();
   const std::vector<int64_t>& start = sorted.start;
-  const std::vector<int64_t>& chosen = sorted.chosen;
-  const int64_t items = static_cast<int64_t>(chosen.size()) * n;  // (chosen expert, weight row)
-  at::parallel_for(0, items, std::max(kTileRows, grain(k / 2 * (swiglu ? 2 : 1))), [&](int64_t begin, int64_t end) {
-    std::vector<float> tile(kTileRows * k);
-    for (int64_t item = begin; item < end;) {
-      const int64_t e = chosen[item / n], first = item % n, last = std::min(n, first + end - item);
-      const int64_t rows = start[e + 1] - start[e], at = start[e];
-      decoded_rows(g + e * e_codes, gs + e * e_scales, s_row, decode, group, xp + at * k, rows, k, gy + at * n, n,
-                   first, last, tile.data());
-      if (swiglu)
-        decoded_rows(u + e * e_codes, us + e * e_scales, s_row, decode, group, xp + at * k, rows, k, uy + at * n, n,
-                     first, last, tile.data());
-      item += last - first;
-    }
+  for_each_expert_run(sorted, n, std::max(kTileRows, grain(k / 2 * (swiglu ? 2 : 1))), [&](int64_t e, int64_t first,
+                                                                                          int64_t last) {
+    const int64_t rows = start[e + 1] - start[e], at = start[e];
+    decoded_rows(g + e * e_codes, gs + e * e_scales, s_row, decode, group, xp + at * k, rows, k, gy + at * n, n, first,
+                 last);
+    if (swiglu)
+      decoded_rows(u + e * e_codes, us + e * e_scales, s_row, decode, group, xp + at * k, rows, k, uy + at * n, n,
+                   first, last);
   });
   return unsort_routes(sorted, gate_y, swiglu ? &up_y : nullptr, batch, slots);
 }
@@ -500,7 +525,6 @@ at::Tensor dense_grouped(const at::Tensor& x, const at::Tensor& gate, const c10:
   check_routed_x(x, batch, slots);
   const RouteOrder sorted = sort_routes(ids, experts, x.dim() == 3);
   const std::vector<int64_t>& start = sorted.start;
-  const std::vector<int64_t>& chosen = sorted.chosen;
 #if defined(__AVX512BF16__)
   const bool bf16_pairs = x.scalar_type() == at::kBFloat16 && gate.scalar_type() == at::kBFloat16;
 #else
@@ -514,15 +538,10 @@ at::Tensor dense_grouped(const at::Tensor& x, const at::Tensor& gate, const c10:
   float* uy = up_y.data_ptr<float>();
   auto run = [&](const auto* g, const auto* u, const auto* xp) {
     const int64_t row_bytes = k * static_cast<int64_t>(sizeof(*g)) * (swiglu ? 2 : 1);
-    const int64_t items = static_cast<int64_t>(chosen.size()) * n;  // (chosen expert, weight row)
-    at::parallel_for(0, items, grain(row_bytes), [&](int64_t begin, int64_t end) {
-      for (int64_t item = begin; item < end;) {
-        const int64_t e = chosen[item / n], first = item % n, last = std::min(n, first + end - item);
-        const int64_t rows = start[e + 1] - start[e], at = start[e];
-        dense_rows(g + e * n * k, xp + at * k, rows, k, n, gy + at * n, first, last);
-        if (u != nullptr) dense_rows(u + e * n * k, xp + at * k, rows, k, n, uy + at * n, first, last);
-        item += last - first;
-      }
+    for_each_expert_run(sorted, n, grain(row_bytes), [&](int64_t e, int64_t first, int64_t last) {
+      const int64_t rows = start[e + 1] - start[e], at = start[e];
+      dense_rows(g + e * n * k, xp + at * k, rows, k, n, gy + at * n, first, last);
+      if (u != nullptr) dense_rows(u + e * n * k, xp + at * k, rows, k, n, uy + at * n, first, last);
     });
   };
   auto banks = [&](auto tag, const auto* xp) {
@@ -562,10 +581,9 @@ at::Tensor grouped(const at::Tensor& x, const at::Tensor& gate, const at::Tensor
   const int64_t batch = ids.size(0), slots = ids.size(1);
   const bool per_slot = x.dim() == 3;
   check_routed_x(x, batch, slots);
-  const RouteOrder sorted = sort_routes(ids, experts, per_slot);
   // Decoding an expert's rows once pays when its routes average kDecodeOnceRows or more.
-  if (ids.numel() >= kDecodeOnceRows * static_cast<int64_t>(sorted.chosen.size()))
-    return grouped_by_expert(x, gate, gate_scales, up, up_scales, ids, sorted, group);
+  if (ids.numel() >= kDecodeOnceRows * distinct_experts(ids, experts))
+    return grouped_by_expert(x, gate, gate_scales, up, up_scales, ids, sort_routes(ids, experts, per_slot), group);
   const at::Tensor xs = split_groups(x, group);
   at::Tensor out = at::empty({batch, slots, n}, x.options().dtype(at::kFloat));
   const RowDot dot = dot_for(gate_scales, group);

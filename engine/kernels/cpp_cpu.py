@@ -25,7 +25,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from engine.kernels import reference, registry  # noqa: F401  (reference defines the operations)
 from engine.kernels.signatures import dense_swiglu_shape, gemv_shape, grouped_shape, output
@@ -208,10 +207,7 @@ def w4a16_grouped_gemv(x, codes, scales, route_ids, group_size, *, out=None, out
     shape = grouped_shape(x, codes, scales, route_ids, group_size)
     _check_group(group_size)
     out = output(out, (shape.batch, shape.slots, shape.n), out_dtype or x.dtype, x.device)
-    if codes.shape[0] == 1 and x.ndim == 2:  # one expert for every row (prefill): a GEMM
-        out.copy_(_ops().mm(x, codes[0], scales[0], group_size).unsqueeze(1).expand_as(out))
-    else:
-        out.copy_(_ops().grouped(x, codes, scales, route_ids, group_size))
+    out.copy_(_ops().grouped(x, codes, scales, route_ids, group_size))
     return out
 
 
@@ -228,14 +224,7 @@ def w4a16_grouped_swiglu(x, gate_codes, gate_scales, up_codes, up_scales, route_
         raise ValueError("the gate/up projection takes x as [B, K]")
     _check_group(group_size)
     out = output(out, (shape.batch, shape.slots, shape.n), x.dtype, x.device)
-    if gate_codes.shape[0] == 1:  # one expert for every row (prefill): two GEMMs
-        gate = _ops().mm(x, gate_codes[0], gate_scales[0], group_size)
-        up = _ops().mm(x, up_codes[0], up_scales[0], group_size)
-        out.copy_((F.silu(gate) * up).unsqueeze(1).expand_as(out))
-    else:
-        out.copy_(
-            _ops().grouped_swiglu(x, gate_codes, gate_scales, up_codes, up_scales, route_ids, group_size)
-        )
+    out.copy_(_ops().grouped_swiglu(x, gate_codes, gate_scales, up_codes, up_scales, route_ids, group_size))
     return out
 
 

@@ -37,11 +37,11 @@ def fla_chunk_kda(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
 def cpp_chunk_kda(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
     """`kda_chunked` as one C++ call (inference only): each (batch, head) sequence a task, its chunks in
     order, the same blocks and exponent floor."""
-    if state.is_contiguous() and state.dtype == torch.float32:
-        return cpp_cpu.kda_chunk(q, k, v, g, beta, state, chunk=CHUNK_SIZE, block=SUB_CHUNK, floor=EXP_FLOOR)
-    work = state.float().contiguous()  # the kernel updates a contiguous FP32 state; copied back after
+    # The kernel updates a contiguous FP32 state: a strided or other-dtype one is copied back after.
+    work = state if state.is_contiguous() and state.dtype == torch.float32 else state.float().contiguous()
     out = cpp_cpu.kda_chunk(q, k, v, g, beta, work, chunk=CHUNK_SIZE, block=SUB_CHUNK, floor=EXP_FLOOR)
-    state.copy_(work)
+    if work is not state:
+        state.copy_(work)
     return out
 
 
